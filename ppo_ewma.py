@@ -19,7 +19,7 @@ import math
 import os
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -154,6 +154,10 @@ def check_args(args: Args) -> None:
         )
     if args.total_timesteps < 1:
         raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
+    if args.ewma_com < 0:
+        raise SystemExit(f"--ewma-com must be >= 0 (0 means the proximal policy is the previous step's), got {args.ewma_com}.")
+    if args.adv_norm_span < 1:
+        raise SystemExit(f"--adv-norm-span must be >= 1 iteration, got {args.adv_norm_span}.")
     if args.max_is_ratio <= 1:
         raise SystemExit(f"--max-is-ratio must be greater than 1, got {args.max_is_ratio}.")
 
@@ -493,8 +497,7 @@ def train(args: Args) -> dict:
             adv_moments.update(b_advantages)
             b_advantages = adv_moments.normalize(b_advantages)
 
-        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_behav",
-                                 "clipfrac", "is_capped_frac")}
+        stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
@@ -519,9 +522,10 @@ def train(args: Args) -> dict:
                 v_loss = 0.5 * ((new_value - b_returns[mb_inds]) ** 2).mean()
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss)):
-                    if not torch.isfinite(value):
-                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
+                    parts = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
+                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
+                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -532,15 +536,15 @@ def train(args: Args) -> dict:
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
 
                 with torch.no_grad():
-                    logratio = new_logp - prox_logp
-                    behav_logratio = new_logp - mb_behav_logp
-                    stats["policy_loss"].append(pg_loss.item())
-                    stats["value_loss"].append(v_loss.item())
-                    stats["entropy"].append(entropy_loss.item())
-                    stats["approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_prox
-                    stats["approx_kl_behav"].append(((behav_logratio.exp() - 1) - behav_logratio).mean().item())
-                    stats["clipfrac"].append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
-                    stats["is_capped_frac"].append((behav_logratio > math.log(args.max_is_ratio)).float().mean().item())
+                    logratio, behav_logratio = new_logp - prox_logp, new_logp - mb_behav_logp
+                    for name, value in (
+                        ("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
+                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
+                        ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
+                        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
+                        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
+                    ):
+                        stats[name].append(value.detach())
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
@@ -548,7 +552,7 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         for name, vals in stats.items():
-            writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
+            writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
