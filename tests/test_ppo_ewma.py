@@ -245,3 +245,21 @@ def test_nan_loss_stops_the_run_with_its_name(tmp_path, monkeypatch):
     with pytest.raises(FloatingPointError, match="policy_loss is not finite at iteration 1"):
         ppo_ewma.train(Args(exp_name="nan", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
                             total_timesteps=16, cuda=False))
+
+
+@pytest.mark.parametrize("ewma", [True, False])
+def test_training_loop_does_only_the_forward_passes_it_needs(tmp_path, monkeypatch, ewma):
+    """Count samples through the torso: rollout N*T, bootstrap N, training E*B, and with the EWMA
+    E*B more for pi_prox (Algorithm 2). N = 2, T = 8, B = 16, E = 3 -> 16 + 2 + 48 (+ 48)."""
+    monkeypatch.chdir(tmp_path)
+    rows = []
+    original_init = ppo_ewma.Agent.__init__
+
+    def counting_init(self, envs):
+        original_init(self, envs)
+        self.torso.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].shape[0]))
+
+    monkeypatch.setattr(ppo_ewma.Agent, "__init__", counting_init)
+    ppo_ewma.train(Args(exp_name="count", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
+                        update_epochs=3, total_timesteps=16, ewma=ewma, cuda=False))
+    assert sum(rows) == 16 + 2 + 48 + (48 if ewma else 0)
