@@ -155,7 +155,7 @@ def check_args(args: Args) -> None:
     if args.total_timesteps < 1:
         raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
     if args.ewma_com < 0:
-        raise SystemExit(f"--ewma-com must be >= 0 (0 means the proximal policy is the previous step's), got {args.ewma_com}.")
+        raise SystemExit(f"--ewma-com must be >= 0 (0 makes the proximal policy the current one), got {args.ewma_com}.")
     if args.adv_norm_span < 1:
         raise SystemExit(f"--adv-norm-span must be >= 1 iteration, got {args.adv_norm_span}.")
     if args.max_is_ratio <= 1:
