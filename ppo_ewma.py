@@ -456,7 +456,7 @@ def train(args: Args) -> dict:
     global_step, start_time, last_print = 0, time.time(), 0.0
     episode_returns = deque(maxlen=100)
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device)
+    next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
 
     for iteration in range(1, num_iterations + 1):
@@ -477,7 +477,7 @@ def train(args: Args) -> dict:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), device=device)
                 with torch.no_grad():
                     rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
-            next_obs = torch.as_tensor(next_obs_np, device=device)
+            next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
                 for i in np.flatnonzero(info["_episode"]):
