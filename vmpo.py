@@ -20,7 +20,7 @@ import math
 import os
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -190,8 +190,7 @@ def make_env(args: Args) -> gym.vector.VectorEnv:
         )
     if not isinstance(envs.single_action_space, (gym.spaces.Discrete, gym.spaces.Box)):
         envs.close()
-        raise SystemExit(f"--env-id {args.env_id} has a {envs.single_action_space} action space; "
-                         "vmpo.py needs Discrete or Box actions.")
+        raise SystemExit(f"--env-id {args.env_id} has {envs.single_action_space} actions; vmpo.py needs Discrete or Box.")
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
     if args.norm_reward:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
@@ -442,6 +441,7 @@ def train(args: Args) -> dict:
     check_args(args)
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
     target_period = args.target_period or args.update_epochs * args.num_minibatches
+    top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
     random.seed(args.seed)
     np.random.seed(args.seed)
@@ -529,8 +529,7 @@ def train(args: Args) -> dict:
         b_actions = actions.reshape((-1,) + action_shape)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
 
-        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "temperature_loss", "kl_loss",
-                                 "approx_kl", "kl_temperature", *(f"kl_{k}" for k in alphas))}
+        stats = defaultdict(list)  # tag -> one value per learning step
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
@@ -557,6 +556,7 @@ def train(args: Args) -> dict:
                                     ("temperature_loss", temperature_loss), ("kl_loss", kl_loss)):
                     if not torch.isfinite(value):
                         raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+                    stats[f"losses/{name}"].append(value.item())
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -568,35 +568,28 @@ def train(args: Args) -> dict:
 
                 with torch.no_grad():
                     logratio = new_logp - target_logp
-                    k = max(1, int(args.top_k_fraction * len(mb_inds)))
-                    stats["policy_loss"].append(pg_loss.item())
-                    stats["value_loss"].append(v_loss.item())
-                    stats["entropy"].append(entropy.mean().item())
-                    stats["temperature_loss"].append(temperature_loss.item())
-                    stats["kl_loss"].append(kl_loss.item())
-                    stats["approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_target
+                    stats["losses/entropy"].append(entropy.mean().item())
+                    stats["losses/approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_target
                     # KL[psi || uniform over D~], the quantity eps_eta bounds (dL_eta/deta = eps_eta - it)
-                    stats["kl_temperature"].append(torch.xlogy(weights, weights * k).sum().item())
+                    stats["kl/temperature"].append(torch.xlogy(weights, weights * top_k).sum().item())
                     for name in alphas:
-                        stats[f"kl_{name}"].append(kls[name].mean().item())
+                        stats[f"kl/{name}"].append(kls[name].mean().item())
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
-        for name in ("policy_loss", "value_loss", "entropy", "temperature_loss", "kl_loss", "approx_kl"):
-            writer.add_scalar(f"losses/{name}", float(np.mean(stats[name])), global_step)
+        for tag, vals in stats.items():
+            writer.add_scalar(tag, float(np.mean(vals)), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        # each KL next to its bound; the multipliers should rise while a bound is exceeded
-        writer.add_scalar("kl/temperature", float(np.mean(stats["kl_temperature"])), global_step)
+        # each KL next to its bound; a multiplier rises while its bound is exceeded
         writer.add_scalar("kl/temperature_bound", args.eps_eta, global_step)
         writer.add_scalar("charts/eta", eta.item(), global_step)
         for name, alpha in alphas.items():
-            writer.add_scalar(f"kl/{name}", float(np.mean(stats[f"kl_{name}"])), global_step)
             writer.add_scalar(f"kl/{name}_bound", kl_bounds[name], global_step)
             writer.add_scalar(f"charts/alpha_{name}", alpha.item(), global_step)
-        writer.add_scalar("charts/top_k_frac", max(1, int(args.top_k_fraction * minibatch_size)) / minibatch_size, global_step)
+        writer.add_scalar("charts/top_k_frac", top_k / minibatch_size, global_step)
         writer.add_scalar("charts/popart_mean", agent.critic.mu.item(), global_step)
         writer.add_scalar("charts/popart_std", agent.critic.sigma.item(), global_step)
         mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
