@@ -47,6 +47,12 @@ def test_e_step_keeps_at_least_one_sample():
     assert loss.item() == pytest.approx(3.2)
 
 
+def test_e_step_with_huge_temperature_is_uniform_over_the_batch():
+    # top_k_fraction 1 and eta -> infinity: psi -> 1/B, so L_pi becomes plain behaviour cloning of the batch
+    weights, _ = vmpo.vmpo_e_step(torch.tensor([-3.0, 0.5, 2.0, 7.0]), torch.tensor(1e6), 0.01, 1.0)
+    assert weights.tolist() == pytest.approx([0.25] * 4, abs=1e-5)
+
+
 def test_temperature_gradient_is_eps_plus_log_mean_exp_minus_weighted_advantage():
     # dL_eta/deta = eps + log-mean-exp(A/eta) - sum psi A/eta  (= eps - KL[psi || uniform over D~]).
     # A = [1, 2], eta = 2: A/eta = [0.5, 1]; lme = log((e^0.5 + e^1)/2) = log(2.1835015) = 0.7809298;
