@@ -1,0 +1,610 @@
+"""V-MPO: on-policy maximum a posteriori policy optimization, discrete and continuous actions.
+
+Paper: Song, Abdolmaleki, Springenberg et al., "V-MPO: On-Policy Maximum a Posteriori Policy
+Optimization for Discrete and Continuous Control" (ICLR 2020).
+A target network acts and is held fixed for T_target learning steps; the online network learns.
+Each learning step is EM-style policy iteration (Sec. 4.2): the E-step builds a nonparametric target
+psi(s, a) = softmax(A/eta) over the top half of the advantages, with the temperature eta tuned by a
+convex loss; the M-step fits the policy to psi by weighted maximum likelihood under a KL trust region
+to the target policy, with a learned Lagrange multiplier alpha. The value function regresses n-step
+returns through a PopArt-normalized head (Sec. 4.1). No entropy bonus, no importance weights.
+
+    python vmpo.py                                       # Procgen starpilot, hard
+    python vmpo.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --num-minibatches 4 --gamma 0.99 \\
+        --total-timesteps 150000 --learning-rate 1e-3 --multiplier-lr 1e-2   # ~440 in 20 CPU-seconds
+    python vmpo.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 \\
+        --gamma 0.9 --total-timesteps 300000 --learning-rate 1e-3 --multiplier-lr 1e-2
+    python vmpo.py --env-id HalfCheetah-v5 --num-envs 8 --num-steps 256 --num-minibatches 8 \\
+        --update-epochs 10 --gamma 0.99 --total-timesteps 1000000   # diagonal Gaussian, decoupled KLs
+"""
+import copy
+import math
+import os
+import random
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)
+MULTIPLIER_MIN = 1e-8  # eta_min = alpha_min (Sec. 4.2.2)
+
+
+@dataclass
+class Args:
+    exp_name: str = "vmpo"
+    """name of this experiment, part of the run directory's name"""
+    seed: int = 1
+    """seed of random, numpy, torch and the environment (Procgen's rand_seed)"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    save_model: bool = False
+    """write model.pt into the run directory at the end"""
+
+    env_id: str = "starpilot"
+    """a Procgen game, or a Gymnasium env with vector observations and Discrete or Box actions"""
+    distribution_mode: Literal["easy", "hard"] = "hard"
+    """Procgen difficulty"""
+    num_levels: int = 0
+    """Procgen levels to train on; 0 means unlimited"""
+    start_level: int = 0
+    """Procgen's first level seed"""
+    total_timesteps: int = 100_000_000
+    """total environment steps (not in the paper, which has no Procgen: ppo_ewma.py's budget)"""
+    num_envs: int = 256
+    """parallel environments N (not in the paper: ppo_ewma.py's Procgen setting)"""
+    num_steps: int = 256
+    """unroll length n of each rollout"""
+    num_minibatches: int = 8
+    """learning steps per epoch; each takes one minibatch of the rollout"""
+    update_epochs: int = 1
+    """passes over each rollout (1: every sample is used in one learning step, as in Algorithm 1)"""
+    target_period: int = 0
+    """T_target: target <- online every this many learning steps; 0 means once per iteration, after
+    all of its update_epochs x num_minibatches learning steps"""
+
+    learning_rate: float = 1e-4
+    """Adam step size (the paper: 1e-4 in all experiments)"""
+    multiplier_lr: Optional[float] = None
+    """Adam step size for eta and alpha; None: --learning-rate (the paper: one Adam for all)"""
+    adam_eps: float = 1e-8
+    """Adam epsilon (TensorFlow's default, which the paper used)"""
+    gamma: float = 0.999
+    """discount gamma (not in the paper: the Procgen convention of ppo_ewma.py)"""
+    gae_lambda: float = 1.0
+    """lambda of compute_gae; 1 gives the paper's n-step returns bootstrapped at the unroll's end"""
+    norm_reward: bool = True
+    """scale rewards by a running std of the discounted return (not in the paper, which relies on PopArt)"""
+    popart: bool = True
+    """PopArt value normalization (Sec. 4.1)"""
+    popart_beta: float = 1e-4
+    """step size of PopArt's mean and second-moment statistics (the paper: 1e-4)"""
+
+    top_k_fraction: float = 0.5
+    """fraction of each minibatch, by largest advantage, used by the E-step (the paper: top 50%)"""
+    eta_init: float = 1.0
+    """initial temperature eta (not in the paper's text: a widely used choice)"""
+    eps_eta: float = 0.01
+    """E-step KL bound epsilon_eta (not in the paper's text: a widely used choice)"""
+    alpha_init: float = 5.0
+    """initial KL multiplier alpha, discrete actions (not in the paper's text: a widely used choice)"""
+    eps_alpha: float = 0.005
+    """M-step KL bound epsilon_alpha, discrete actions (not in the paper's text: a widely used choice)"""
+    alpha_mean_init: float = 1.0
+    """initial alpha_mu of the Gaussian mean's KL (not in the paper's text: a widely used choice)"""
+    alpha_std_init: float = 1.0
+    """initial alpha_Sigma of the Gaussian std's KL (not in the paper's text: a widely used choice)"""
+    eps_alpha_mean: float = 0.01
+    """bound epsilon_alpha_mu on the mean's KL (not in the paper's text: a widely used choice)"""
+    eps_alpha_std: float = 5e-5
+    """bound epsilon_alpha_Sigma on the std's KL (not in the paper's text: a widely used choice)"""
+    min_std: float = 1e-3
+    """Gaussian std = softplus(head output) + min_std (not in the paper: keeps log-probs finite)"""
+
+
+def batch_sizes(args: Args) -> tuple[int, int, int]:
+    """(batch_size, minibatch_size, num_iterations) derived from Args."""
+    batch_size = args.num_envs * args.num_steps
+    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
+
+
+def check_args(args: Args) -> None:
+    """Stop with one sentence naming the flag before any work is done."""
+    batch_size = args.num_envs * args.num_steps
+    if args.env_id not in PROCGEN_GAMES and args.env_id not in gym.registry:
+        raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
+    if not 1 <= args.num_minibatches <= batch_size or batch_size % args.num_minibatches != 0:
+        raise SystemExit(
+            f"--num-minibatches {args.num_minibatches} must divide the batch of "
+            f"{batch_size} samples (--num-envs {args.num_envs} x --num-steps {args.num_steps})."
+        )
+    if args.total_timesteps < 1:
+        raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
+    if not 0.0 < args.top_k_fraction <= 1.0:
+        raise SystemExit(f"--top-k-fraction must be in (0, 1], got {args.top_k_fraction}.")
+    if args.target_period < 0:
+        raise SystemExit(f"--target-period must be 0 (once per iteration) or positive, got {args.target_period}.")
+
+
+# ---------------------------------------------------------------------------------- environment
+class ProcgenVecEnv(gym.vector.VectorEnv):
+    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
+
+    Procgen resets a finished level inside `step`, so the observation returned with done=True is
+    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed):
+        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
+
+        self.venv = ProcgenEnv(
+            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
+            distribution_mode=distribution_mode, rand_seed=seed,
+        )
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        return self.venv.reset()["rgb"], {}
+
+    def step(self, actions):
+        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
+        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
+
+    def close(self):
+        self.venv.close()
+
+
+def make_env(args: Args) -> gym.vector.VectorEnv:
+    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    if args.env_id in PROCGEN_GAMES:
+        envs = ProcgenVecEnv(
+            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed
+        )
+    else:
+        # Box actions: normalize observations per env, inside the autoreset, so that info["final_obs"]
+        # is normalized too (Gymnasium's vector NormalizeObservation refuses SAME_STEP autoreset)
+        probe = gym.make(args.env_id)
+        continuous = isinstance(probe.action_space, gym.spaces.Box)
+        probe.close()
+        envs = gym.make_vec(
+            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            wrappers=[gym.wrappers.NormalizeObservation] if continuous else None,
+        )
+    if not isinstance(envs.single_action_space, (gym.spaces.Discrete, gym.spaces.Box)):
+        envs.close()
+        raise SystemExit(f"--env-id {args.env_id} has {envs.single_action_space} actions; vmpo.py needs Discrete or Box.")
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
+    if args.norm_reward:
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
+    return envs
+
+
+# ------------------------------------------------------------------------------------- networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels)
+        self.res1 = ResidualBlock(out_channels)
+
+    def forward(self, x):
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+
+    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+        super().__init__()
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
+        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+
+    def forward(self, obs):
+        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+
+
+class PopArt(nn.Module):
+    """Linear value head in normalized space with adaptive statistics (van Hasselt et al., 2016).
+
+    V(s) = sigma * n(s) + mu. `update(targets)` moves mu and the second moment nu towards the
+    targets' (ART) and rescales the layer so that V(s) stays exactly what it was (POP).
+    """
+
+    def __init__(self, in_features, beta=1e-4, scale_min=1e-2, scale_max=1e6):
+        super().__init__()
+        self.linear = layer_init(nn.Linear(in_features, 1), std=1.0)
+        self.beta, self.scale_min, self.scale_max = beta, scale_min, scale_max
+        self.register_buffer("mu", torch.zeros(()))
+        self.register_buffer("nu", torch.ones(()))
+
+    @property
+    def sigma(self):
+        return (self.nu - self.mu**2).clamp(self.scale_min**2, self.scale_max**2).sqrt()
+
+    def forward(self, hidden):
+        """Normalized value n(s): [B]."""
+        return self.linear(hidden).squeeze(-1)
+
+    def normalize(self, values):
+        return (values - self.mu) / self.sigma
+
+    def unnormalize(self, normalized):
+        return self.sigma * normalized + self.mu
+
+    @torch.no_grad()
+    def update(self, targets):
+        """targets: [B] unnormalized returns; one step of the statistics, outputs preserved."""
+        mu_old, sigma_old = self.mu.clone(), self.sigma
+        self.mu.lerp_(targets.mean(), self.beta)
+        self.nu.lerp_((targets**2).mean(), self.beta)
+        sigma = self.sigma
+        # sigma' (w' h + b') + mu' = sigma (w h + b) + mu  with  w' = w sigma/sigma', b' = (sigma b + mu - mu')/sigma'
+        self.linear.weight.mul_(sigma_old / sigma)
+        self.linear.bias.mul_(sigma_old).add_(mu_old - self.mu).div_(sigma)
+
+
+class Agent(nn.Module):
+    """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value heads.
+
+    The policy `pi` is categorical logits [B, A] for Discrete actions, or (mean, std), both [B, D],
+    of a diagonal Gaussian for Box actions, with a state-dependent std.
+    """
+
+    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3):
+        super().__init__()
+        obs_shape = envs.single_observation_space.shape
+        if len(obs_shape) == 3:
+            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
+            self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
+        else:
+            hidden = 64
+            self.torso = nn.Sequential(
+                layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
+                layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+            )
+        action_space = envs.single_action_space
+        self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
+        num_outputs = 2 * int(np.prod(action_space.shape)) if self.continuous else action_space.n
+        self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
+        self.critic = PopArt(hidden, beta=popart_beta)
+
+    def policy(self, hidden):
+        out = self.actor(hidden)
+        if not self.continuous:
+            return out
+        mean, std_param = out.chunk(2, dim=-1)
+        return mean, F.softplus(std_param) + self.min_std
+
+    def get_pi(self, obs):
+        return self.policy(self.torso(obs))
+
+    def get_value(self, obs):
+        """Unnormalized V(s): [B]."""
+        return self.critic.unnormalize(self.critic(self.torso(obs)))
+
+    def forward(self, obs):
+        """(pi, normalized value n(s))."""
+        hidden = self.torso(obs)
+        return self.policy(hidden), self.critic(hidden)
+
+
+# --------------------------------------------------------------------------- algorithm functions
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalized advantage estimation (Schulman et al., 2015b).
+
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
+    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
+    Returns (advantages, returns), both [T, N], with returns = advantages + values.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]  # TD error delta_t
+        last_gae = delta + gamma * gae_lambda * next_nonterminal * last_gae
+        advantages[t] = last_gae
+    return advantages, advantages + values
+
+
+def vmpo_e_step(advantages, temperature, eps_eta, top_k_fraction=0.5):
+    """E-step on the top-k advantages: (psi weights [B], temperature loss L_eta).
+
+    advantages: [B] (no gradient); temperature: eta, a scalar parameter. The k = top_k_fraction * B
+    largest advantages form D~; psi = softmax(A/eta) over D~ and 0 elsewhere, with no gradient (Eq. 12).
+    L_eta = eta eps_eta + eta log(1/|D~| sum_D~ exp(A/eta))  (Eq. 13).
+    """
+    advantages = advantages.detach()
+    k = max(1, int(top_k_fraction * advantages.numel()))
+    top_advantages, top_inds = torch.topk(advantages, k)
+    scaled = top_advantages / temperature
+    # log-mean-exp, stabilised by subtracting max(A/eta)
+    max_scaled = scaled.max().detach()
+    log_mean_exp = max_scaled + torch.log(torch.exp(scaled - max_scaled).mean())
+    temperature_loss = temperature * eps_eta + temperature * log_mean_exp
+    weights = torch.zeros_like(advantages)
+    weights[top_inds] = torch.softmax(scaled.detach(), dim=0)
+    return weights, temperature_loss
+
+
+def vmpo_policy_loss(logp, weights):
+    """L_pi = -sum psi(s, a) log pi(a|s)  (Eq. 12). logp, weights: [B]."""
+    return -(weights.detach() * logp).sum()
+
+
+def vmpo_kl_loss(kl, alpha, eps_alpha):
+    """L_alpha = mean of alpha (eps_alpha - sg[KL]) + sg[alpha] KL  (Eq. 14).
+
+    kl: [B] per-sample KL[pi_target || pi]; alpha: scalar parameter. The stop-gradients make one loss
+    do coordinate descent: alpha sees only (eps_alpha - KL), the policy sees only alpha KL.
+    """
+    return (alpha * (eps_alpha - kl.detach())).mean() + (alpha.detach() * kl).mean()
+
+
+def gaussian_kl_decoupled(mean_old, std_old, mean, std):
+    """Decoupled KLs of diagonal Gaussians, per sample, summed over action dims: (C_mu, C_Sigma), [B].
+
+    C_mu = KL[N(mu_old, S_old) || N(mu, S_old)] = 1/2 (mu - mu_old)^T S_old^-1 (mu - mu_old) depends
+    on the mean only; C_Sigma = KL[N(mu_old, S_old) || N(mu_old, S)]
+    = 1/2 (Tr(S^-1 S_old) - d + log |S|/|S_old|) on the std only (Abdolmaleki et al., 2018b).
+    mean_old, std_old, mean, std: [B, D].
+    """
+    var_old, var = std_old**2, std**2
+    kl_mean = 0.5 * ((mean - mean_old) ** 2 / var_old).sum(-1)
+    kl_std = 0.5 * (var_old / var - 1.0 + torch.log(var / var_old)).sum(-1)
+    return kl_mean, kl_std
+
+
+@torch.no_grad()
+def project_multipliers(multipliers, min_value=MULTIPLIER_MIN):
+    """eta <- max(eta, eta_min), alpha <- max(alpha, alpha_min) in place (Algorithm 1)."""
+    for multiplier in multipliers:
+        multiplier.clamp_(min=min_value)
+
+
+# ------------------------------------------------------------------------------------- training
+def log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def policy_log_prob_and_entropy(pi, actions):
+    """log pi(a|s) and entropy, both [B], for categorical logits or a Gaussian's (mean, std)."""
+    if isinstance(pi, torch.Tensor):
+        return log_prob_and_entropy(pi, actions)
+    normal = torch.distributions.Normal(*pi)
+    return normal.log_prob(actions).sum(-1), normal.entropy().sum(-1)
+
+
+def policy_kls(target_pi, pi):
+    """Per-sample KL terms of the M-step trust region, keyed like their multipliers: {name: [B]}."""
+    if isinstance(pi, torch.Tensor):
+        return {"policy": categorical_kl(target_pi, pi)}  # KL[pi_target || pi]
+    kl_mean, kl_std = gaussian_kl_decoupled(*target_pi, *pi)
+    return {"mean": kl_mean, "std": kl_std}
+
+
+def train(args: Args) -> dict:
+    check_args(args)
+    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    target_period = args.target_period or args.update_epochs * args.num_minibatches
+    top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_env(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    agent = Agent(envs, args.popart_beta, args.min_std).to(device)
+    target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
+    # Lagrange multipliers: plain parameters of the same Adam, projected after every step
+    eta = nn.Parameter(torch.tensor(args.eta_init, device=device))
+    if agent.continuous:
+        alphas = {"mean": nn.Parameter(torch.tensor(args.alpha_mean_init, device=device)),
+                  "std": nn.Parameter(torch.tensor(args.alpha_std_init, device=device))}
+        kl_bounds = {"mean": args.eps_alpha_mean, "std": args.eps_alpha_std}
+        action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
+    else:
+        alphas = {"policy": nn.Parameter(torch.tensor(args.alpha_init, device=device))}
+        kl_bounds = {"policy": args.eps_alpha}
+    multipliers = [eta, *alphas.values()]
+    optimizer = torch.optim.Adam(
+        [{"params": agent.parameters()}, {"params": multipliers, "lr": args.multiplier_lr or args.learning_rate}],
+        lr=args.learning_rate, eps=args.adam_eps,
+    )
+
+    # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
+    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=obs_dtype, device=device)
+    action_shape, action_dtype = envs.single_action_space.shape, torch.float32 if agent.continuous else torch.long
+    actions = torch.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_dtype, device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+    global_step, learning_steps, start_time, last_print = 0, 0, time.time(), 0.0
+    episode_returns = deque(maxlen=100)
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
+    next_done = torch.zeros(args.num_envs, device=device)
+
+    for iteration in range(1, num_iterations + 1):
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step], dones[step] = next_obs, next_done
+            with torch.no_grad():
+                step_pi = target_agent.get_pi(next_obs)  # the target network acts
+                values[step] = agent.get_value(next_obs)  # V_phi of the online network (Sec. 4.1)
+            if agent.continuous:
+                action = torch.distributions.Normal(*step_pi).sample()
+                env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
+            else:
+                action = torch.distributions.Categorical(logits=step_pi).sample()
+                env_action = action.cpu().numpy()
+            actions[step] = action
+
+            next_obs_np, reward, terminated, truncated, info = envs.step(env_action)
+            rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
+            truncated_only = np.flatnonzero(truncated & ~terminated)
+            if truncated_only.size:
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
+                with torch.no_grad():
+                    rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
+            next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
+            next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
+            if "episode" in info:
+                for i in np.flatnonzero(info["_episode"]):
+                    episode_returns.append(float(info["episode"]["r"][i]))
+                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
+
+        # G^(n) bootstrapped with the online V at the unroll's end; A = G^(n) - V (Sec. 4.1)
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs)
+        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+
+        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+        b_actions = actions.reshape((-1,) + action_shape)
+        b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+
+        stats = defaultdict(list)  # tag -> one value per learning step
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = b_inds[start:start + minibatch_size]
+                mb_obs, mb_actions, mb_returns = b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds]
+                if args.popart:  # statistics first, then regress onto targets normalized by them
+                    agent.critic.update(mb_returns)
+                new_pi, new_value = agent(mb_obs)
+                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions)
+                with torch.no_grad():
+                    target_pi = target_agent.get_pi(mb_obs)
+                    target_logp = policy_log_prob_and_entropy(target_pi, mb_actions)[0]
+
+                # L_V (Eq. 1) in PopArt's normalized space
+                v_loss = 0.5 * ((new_value - agent.critic.normalize(mb_returns)) ** 2).mean()
+                # E-step over D~ (Eq. 12-13), then weighted maximum likelihood L_pi (Eq. 12)
+                weights, temperature_loss = vmpo_e_step(b_advantages[mb_inds], eta, args.eps_eta, args.top_k_fraction)
+                pg_loss = vmpo_policy_loss(new_logp, weights)
+                # L_alpha on the full minibatch D (Eq. 14), decoupled for Gaussians (Appendix C)
+                kls = policy_kls(target_pi, new_pi)
+                kl_loss = sum(vmpo_kl_loss(kls[k], alphas[k], kl_bounds[k]) for k in alphas)
+                loss = v_loss + pg_loss + temperature_loss + kl_loss  # Eq. 10-11
+                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss),
+                                    ("temperature_loss", temperature_loss), ("kl_loss", kl_loss)):
+                    if not torch.isfinite(value):
+                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+                    stats[f"losses/{name}"].append(value.item())
+
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+                project_multipliers(multipliers)
+                learning_steps += 1
+                if learning_steps % target_period == 0:  # theta_target <- theta_online every T_target steps
+                    target_agent.load_state_dict(agent.state_dict())
+
+                with torch.no_grad():
+                    logratio = new_logp - target_logp
+                    stats["losses/entropy"].append(entropy.mean().item())
+                    stats["losses/approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_target
+                    # KL[psi || uniform over D~], the quantity eps_eta bounds (dL_eta/deta = eps_eta - it)
+                    stats["kl/temperature"].append(torch.xlogy(weights, weights * top_k).sum().item())
+                    for name in alphas:
+                        stats[f"kl/{name}"].append(kls[name].mean().item())
+
+        var_returns = b_returns.var()
+        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        for tag, vals in stats.items():
+            writer.add_scalar(tag, float(np.mean(vals)), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        # each KL next to its bound; a multiplier rises while its bound is exceeded
+        writer.add_scalar("kl/temperature_bound", args.eps_eta, global_step)
+        writer.add_scalar("charts/eta", eta.item(), global_step)
+        for name, alpha in alphas.items():
+            writer.add_scalar(f"kl/{name}_bound", kl_bounds[name], global_step)
+            writer.add_scalar(f"charts/alpha_{name}", alpha.item(), global_step)
+        writer.add_scalar("charts/top_k_frac", top_k / minibatch_size, global_step)
+        writer.add_scalar("charts/popart_mean", agent.critic.mu.item(), global_step)
+        writer.add_scalar("charts/popart_std", agent.critic.sigma.item(), global_step)
+        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
+        if time.time() - last_print > 10 or iteration == num_iterations:
+            last_print = time.time()
+            print(f"step {global_step:>10}  mean_return {mean_return:8.2f}  SPS {sps}")
+
+    if args.save_model:
+        torch.save(agent.state_dict(), os.path.join(run_dir, "model.pt"))
+    envs.close()
+    writer.close()
+    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+
+
+if __name__ == "__main__":
+    train(tyro.cli(Args))
