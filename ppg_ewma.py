@@ -575,8 +575,8 @@ def train(args: Args) -> dict:
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                step_logits = policy.get_logits(next_obs.to(device))
-                values[step] = value_net(next_obs.to(device))
+                step_obs = next_obs.to(device)
+                step_logits, values[step] = policy.get_logits(step_obs), value_net(step_obs)
             action = torch.distributions.Categorical(logits=step_logits).sample()
             actions[step] = action
             behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
