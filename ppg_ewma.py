@@ -1,0 +1,705 @@
+"""PPG and PPG-EWMA with batch size-invariance.
+
+Papers: Cobbe, Hilton, Klimov & Schulman, "Phasic policy gradient" (2020) for PPG; Hilton, Cobbe &
+Schulman, "Batch size-invariance for policy optimization" (2021) for PPG-EWMA.
+PPG trains separate policy and value networks. A policy phase of N_pi iterations (rollout, E_pi policy
+epochs, E_V value epochs) alternates with an auxiliary phase that distils the value targets of the
+whole phase into an auxiliary value head on the policy network while behaviour cloning keeps the policy
+where it was. PPG-EWMA uses an EWMA of the policy network's weights as the proximal policy of the
+decoupled clipped objective (Sec. 2, Sec. 4), reinitialized at the start of every policy phase
+(Appendix A). `--batch-divisor c` divides the batch size by c and multiplies N_pi by c so that the
+phase holds the same number of environment steps (Sec. 4).
+
+    python ppg_ewma.py                          # PPG-EWMA on Procgen starpilot, hard (aux buffer: 24.1 GiB of RAM)
+    python ppg_ewma.py --batch-divisor 4        # 64 envs, N_pi 128, lr / 2, EWMA and adv-norm spans x4
+    python ppg_ewma.py --no-ewma                # plain PPG (proximal = behaviour policy)
+    python ppg_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --n-pi 8 \\
+        --aux-minibatch-size 64 --total-timesteps 147456   # 18 phases; learns in minutes on a laptop CPU
+"""
+import copy
+import dataclasses
+import math
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppg_ewma"
+    """name of this experiment, part of the run directory's name"""
+    seed: int = 1
+    """seed of random, numpy, torch and the environment (Procgen's rand_seed)"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    save_model: bool = False
+    """write model.pt into the run directory at the end"""
+
+    env_id: str = "starpilot"
+    """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
+    distribution_mode: Literal["easy", "hard"] = "hard"
+    """Procgen difficulty (the paper: hard)"""
+    num_levels: int = 0
+    """Procgen levels to train on; 0 means unlimited"""
+    start_level: int = 0
+    """Procgen's first level seed"""
+    total_timesteps: int = 100_000_000
+    """total environment steps (the paper: 100M)"""
+    num_envs: int = 256
+    """parallel environments N (the paper: 4 workers x 64)"""
+    num_steps: int = 256
+    """timesteps per rollout T"""
+    num_minibatches: int = 8
+    """minibatches per policy-phase epoch"""
+    n_pi: int = 32
+    """policy iterations per phase N_pi (the auxiliary buffer holds N_pi x T x N observations)"""
+    policy_epochs: int = 1
+    """policy-phase policy epochs E_pi"""
+    value_epochs: int = 1
+    """policy-phase value-function epochs E_V"""
+
+    learning_rate: float = 5e-4
+    """policy-phase Adam step size alpha"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    adam_beta1: float = 0.9
+    """Adam beta1"""
+    adam_beta2: float = 0.999
+    """Adam beta2"""
+    gamma: float = 0.999
+    """discount gamma"""
+    gae_lambda: float = 0.95
+    """GAE bootstrapping parameter lambda"""
+    clip_coef: float = 0.2
+    """clipping parameter epsilon"""
+    ent_coef: float = 0.01
+    """entropy coefficient"""
+    vf_coef: float = 0.5
+    """value function coefficient"""
+    max_grad_norm: Optional[float] = None
+    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
+    max_is_ratio: float = 100.0
+    """cap on the importance weight pi/pi_behav (Appendix B)"""
+    norm_adv: bool = True
+    """normalize advantages with EWMA estimates of their mean and std"""
+    adv_norm_span: float = 1.0
+    """span of the advantage mean/std EWMA, in iterations (1: this iteration's batch only)"""
+
+    aux_epochs: int = 6
+    """auxiliary-phase epochs E_aux"""
+    aux_minibatch_size: int = 4096
+    """auxiliary-phase minibatch size, absolute: the paper's 16 N_pi minibatches per epoch at the default
+    batch size (32 x 256 x 256 / (16 x 32) = 4096); kept under --batch-divisor (Appendix B)"""
+    aux_learning_rate: float = 5e-4
+    """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
+    beta_clone: float = 1.0
+    """auxiliary-phase behaviour-cloning coefficient beta_clone"""
+
+    ewma: bool = True
+    """proximal policy = EWMA of the policy weights (PPG-EWMA); --no-ewma: proximal = behaviour (PPG)"""
+    ewma_com: float = 8.0
+    """centre of mass of the proximal-policy EWMA in gradient steps, 1/(1-beta_prox) - 1 (8: beta_prox 0.889)"""
+
+    batch_divisor: int = 1
+    """c: divide num_envs by c and adjust the hyperparameters below for batch size-invariance (Sec. 4)"""
+    adjust_lr: bool = True
+    """with --batch-divisor: divide the policy-phase Adam step size (by sqrt(c), or c under --lr-rule linear)"""
+    lr_rule: Literal["sqrt", "linear"] = "sqrt"
+    """Adam step size rule: sqrt (Sec. 3.2, Appendix C) or linear (the ablation of Fig. 5)"""
+    adjust_ewma: bool = True
+    """with --batch-divisor: multiply the EWMA centre of mass by c"""
+    adjust_adv_norm: bool = True
+    """with --batch-divisor: multiply the advantage-normalization span by c"""
+    adjust_adam_betas: bool = False
+    """with --batch-divisor: raise Adam's beta1 and beta2 to the power 1/c (Appendix D)"""
+    adjust_n_pi: bool = True
+    """with --batch-divisor: multiply N_pi by c, so a phase keeps the same number of env steps (Sec. 4)"""
+
+
+def apply_batch_divisor(args: Args) -> Args:
+    """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args.
+
+    The auxiliary phase is left alone (Appendix B): with N_pi x c its buffer holds the same samples,
+    and it keeps its absolute minibatch size and step size, so it runs exactly as at the default size.
+    (The paper kept the minibatch per worker: going from 4 workers to 1 shrank the aux minibatch 4x, for
+    which it halved the aux step size. A single process has no workers, so neither changes here.)
+    """
+    c = args.batch_divisor
+    if c < 1 or args.num_envs % c != 0:
+        raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
+    changes = {"num_envs": args.num_envs // c}
+    if args.adjust_lr:
+        changes["learning_rate"] = args.learning_rate / (c if args.lr_rule == "linear" else math.sqrt(c))
+    if args.adjust_ewma:
+        changes["ewma_com"] = args.ewma_com * c
+    if args.adjust_adv_norm:
+        changes["adv_norm_span"] = args.adv_norm_span * c
+    if args.adjust_adam_betas:
+        changes["adam_beta1"] = args.adam_beta1 ** (1 / c)
+        changes["adam_beta2"] = args.adam_beta2 ** (1 / c)
+    if args.adjust_n_pi:
+        changes["n_pi"] = args.n_pi * c
+    return dataclasses.replace(args, **changes)
+
+
+def batch_sizes(args: Args) -> tuple[int, int, int]:
+    """(batch_size, minibatch_size, num_iterations) derived from Args."""
+    batch_size = args.num_envs * args.num_steps
+    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
+
+
+def aux_buffer_bytes(args: Args) -> int:
+    """Bytes the auxiliary phase keeps: N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for
+    Procgen), plus a float32 value target and the pre-phase policy's float32 logits per observation."""
+    if args.env_id in PROCGEN_GAMES:
+        obs_bytes, num_actions = 64 * 64 * 3, 15
+    else:
+        env = gym.make(args.env_id)
+        space, num_actions = env.observation_space, getattr(env.action_space, "n", 0)
+        obs_bytes = int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
+        env.close()
+    return args.n_pi * args.num_steps * args.num_envs * (obs_bytes + 4 + 4 * int(num_actions))
+
+
+def available_memory_bytes() -> Optional[int]:
+    """MemAvailable from /proc/meminfo (Linux); None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            return int(f.read().split("MemAvailable:")[1].split()[0]) * 1024
+    except (OSError, IndexError):
+        return None
+
+
+def check_args(args: Args) -> None:
+    """Stop with one sentence naming the flag before any work is done."""
+    batch_size = args.num_envs * args.num_steps
+    phase_size = args.n_pi * batch_size
+    if args.env_id not in PROCGEN_GAMES and args.env_id not in gym.registry:
+        raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
+    if not 1 <= args.num_minibatches <= batch_size or batch_size % args.num_minibatches != 0:
+        raise SystemExit(
+            f"--num-minibatches {args.num_minibatches} must divide the batch of "
+            f"{batch_size} samples (--num-envs {args.num_envs} x --num-steps {args.num_steps})."
+        )
+    if args.total_timesteps < 1:
+        raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
+    if args.max_is_ratio <= 1:
+        raise SystemExit(f"--max-is-ratio must be greater than 1, got {args.max_is_ratio}.")
+    if args.n_pi < 1 or args.policy_epochs < 1 or args.value_epochs < 0 or args.aux_epochs < 0:
+        raise SystemExit("--n-pi and --policy-epochs must be at least 1, --value-epochs and --aux-epochs at least 0.")
+    if not 1 <= args.aux_minibatch_size <= phase_size or phase_size % args.aux_minibatch_size != 0:
+        raise SystemExit(
+            f"--aux-minibatch-size {args.aux_minibatch_size} must divide the phase of {phase_size} samples "
+            f"(--n-pi {args.n_pi} x --num-envs {args.num_envs} x --num-steps {args.num_steps})."
+        )
+    needed, available = aux_buffer_bytes(args), available_memory_bytes()
+    if available is not None and needed > available:
+        raise SystemExit(
+            f"The auxiliary buffer needs {needed / 2**30:.1f} GiB but only {available / 2**30:.1f} GiB of memory "
+            f"is available; shrink it with --n-pi, --num-envs or --num-steps (--batch-divisor keeps it the same)."
+        )
+
+
+# ---------------------------------------------------------------------------------- environment
+class ProcgenVecEnv(gym.vector.VectorEnv):
+    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
+
+    Procgen resets a finished level inside `step`, so the observation returned with done=True is
+    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed):
+        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
+
+        self.venv = ProcgenEnv(
+            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
+            distribution_mode=distribution_mode, rand_seed=seed,
+        )
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        return self.venv.reset()["rgb"], {}
+
+    def step(self, actions):
+        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
+        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
+
+    def close(self):
+        self.venv.close()
+
+
+def make_env(args: Args) -> gym.vector.VectorEnv:
+    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    if args.env_id in PROCGEN_GAMES:
+        envs = ProcgenVecEnv(
+            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed
+        )
+    else:
+        envs = gym.make_vec(
+            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        )
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        raise SystemExit(f"--env-id {args.env_id} has a continuous action space; ppg_ewma.py needs discrete actions.")
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
+    envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
+    return envs
+
+
+# ------------------------------------------------------------------------------------- networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels)
+        self.res1 = ResidualBlock(out_channels)
+
+    def forward(self, x):
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+
+    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+        super().__init__()
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
+        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+
+    def forward(self, obs):
+        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+
+
+def make_torso(obs_shape):
+    """IMPALA CNN for images, 64-64 tanh MLP for vectors; returns (module, feature size)."""
+    if len(obs_shape) == 3:
+        return ImpalaCNN(obs_shape[-1]).to(memory_format=torch.channels_last), 256  # ~1.8x faster on CPU
+    hidden = 64
+    return nn.Sequential(
+        layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
+        layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+    ), hidden
+
+
+class PolicyNetwork(nn.Module):
+    """PPG's policy network: torso, policy head and the auxiliary value head V_theta_pi."""
+
+    def __init__(self, envs):
+        super().__init__()
+        self.torso, hidden = make_torso(envs.single_observation_space.shape)
+        self.actor = layer_init(nn.Linear(hidden, envs.single_action_space.n), std=0.01)
+        self.aux_critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+
+    def get_logits(self, obs):
+        return self.actor(self.torso(obs))
+
+    def forward(self, obs):
+        hidden = self.torso(obs)
+        return self.actor(hidden), self.aux_critic(hidden).squeeze(-1)
+
+
+class ValueNetwork(nn.Module):
+    """PPG's separate value network V_theta_V: its own torso, so value training never disturbs the policy."""
+
+    def __init__(self, envs):
+        super().__init__()
+        self.torso, hidden = make_torso(envs.single_observation_space.shape)
+        self.critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+
+    def forward(self, obs):
+        return self.critic(self.torso(obs)).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- algorithm functions
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalized advantage estimation (Schulman et al., 2015b).
+
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
+    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
+    Returns (advantages, returns), both [T, N], with returns = advantages + values.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]  # TD error delta_t
+        last_gae = delta + gamma * gae_lambda * next_nonterminal * last_gae
+        advantages[t] = last_gae
+    return advantages, advantages + values
+
+
+def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
+    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A).
+
+    r = pi/pi_prox. All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at
+    max_is_ratio by raising behav_logp (Appendix B). With prox_logp == behav_logp this is PPO's loss.
+    """
+    prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
+    behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
+    ratio = torch.exp(new_logp - prox_logp)
+    prox_is_weight = torch.exp(prox_logp - behav_logp)  # pi_prox / pi_behav
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages)
+    return -(prox_is_weight * surrogate).mean()
+
+
+@torch.no_grad()
+def update_ewma(ewma_model, model, weight, decay):
+    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w.
+
+    w_new = 1 + beta w;  theta_prox = theta / w_new + beta (w / w_new) theta_prox. decay 0 copies theta.
+    """
+    new_weight = 1.0 + decay * weight
+    for ewma_param, param in zip(ewma_model.parameters(), model.parameters()):
+        ewma_param.mul_(decay * weight / new_weight).add_(param, alpha=1.0 / new_weight)
+    return new_weight
+
+
+def com_to_decay(com):
+    """EWMA decay beta whose centre of mass 1/(1-beta) - 1 equals com."""
+    return com / (com + 1.0)
+
+
+def span_to_decay(span):
+    """EWMA decay beta whose span (effective sample size) 2/(1-beta) - 1 equals span (footnote 1)."""
+    return 1.0 - 2.0 / (span + 1.0)
+
+
+class EwmaMoments:
+    """EWMA estimates of a stream's mean and std, each batch weighted by its size."""
+
+    def __init__(self, decay):
+        self.decay = decay
+        self.weight = self.sum = self.sum_sq = 0.0
+
+    def update(self, x):
+        n, batch_mean = x.numel(), x.mean().item()
+        batch_var = x.var(unbiased=False).item()
+        self.weight = self.decay * self.weight + n
+        self.sum = self.decay * self.sum + n * batch_mean
+        self.sum_sq = self.decay * self.sum_sq + n * (batch_var + batch_mean**2)
+
+    @property
+    def mean(self):
+        return self.sum / self.weight
+
+    @property
+    def std(self):
+        return math.sqrt(max(self.sum_sq / self.weight - self.mean**2, 0.0))
+
+    def normalize(self, x):
+        return (x - self.mean) / (self.std + 1e-8)
+
+
+def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
+    """PPG's auxiliary-phase loss: L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss.
+
+    new_logits, old_logits: [B, A] (old_logits: the pre-phase policy, no gradient); aux_values (aux head),
+    values (value network), returns (V_targ): [B]. Returns
+    beta_clone * mean KL[old || new] + 0.5 mean (aux_values - returns)^2 + 0.5 mean (values - returns)^2.
+    """
+    clone_kl = categorical_kl(old_logits.detach(), new_logits).mean()
+    l_aux = 0.5 * ((aux_values - returns) ** 2).mean()  # L^aux on the policy network's auxiliary head
+    l_value = 0.5 * ((values - returns) ** 2).mean()  # L^value: the value network keeps training too
+    return beta_clone * clone_kl + l_aux + l_value
+
+
+def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_epochs, aux_minibatch_size,
+                    beta_clone, iteration, device):
+    """PPG's auxiliary phase (Cobbe et al., 2020, Algorithm 1); returns the mean of each logged quantity.
+
+    phase_obs: [M, ...] (uint8 for Procgen, kept on the CPU); phase_returns: [M], the value targets of
+    the policy phase. Minibatches move to `device` one at a time, so only the buffer must fit in RAM.
+    """
+    num_samples = phase_obs.shape[0]
+    with torch.no_grad():  # pi_old: the policy as the policy phase left it, for behaviour cloning
+        old_logits = torch.cat([policy.get_logits(phase_obs[start:start + aux_minibatch_size].to(device)).cpu()
+                                for start in range(0, num_samples, aux_minibatch_size)])
+    stats = {k: [] for k in ("aux_clone_kl", "aux_value_loss", "aux_true_value_loss", "aux_kl_moved")}
+    for epoch in range(aux_epochs):
+        b_inds = torch.randperm(num_samples)
+        for start in range(0, num_samples, aux_minibatch_size):
+            mb_inds = b_inds[start:start + aux_minibatch_size]
+            mb_obs, mb_returns = phase_obs[mb_inds].to(device), phase_returns[mb_inds].to(device)
+            mb_old_logits = old_logits[mb_inds].to(device)
+            new_logits, aux_values = policy(mb_obs)
+            values = value_net(mb_obs)
+            loss = aux_loss(new_logits, mb_old_logits, aux_values, values, mb_returns, beta_clone)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"aux_loss is {loss.item()} at iteration {iteration}; stopping.")
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+
+            with torch.no_grad():
+                clone_kl = categorical_kl(mb_old_logits, new_logits).mean().item()
+                stats["aux_clone_kl"].append(clone_kl)
+                stats["aux_value_loss"].append(0.5 * ((aux_values - mb_returns) ** 2).mean().item())
+                stats["aux_true_value_loss"].append(0.5 * ((values - mb_returns) ** 2).mean().item())
+                if epoch == aux_epochs - 1:  # last epoch's KL[old || new]: how far the phase moved pi
+                    stats["aux_kl_moved"].append(clone_kl)
+    return {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
+
+
+# ------------------------------------------------------------------------------------- training
+def log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def hyperparameter_changes(before: Args, after: Args) -> str:
+    keys = [f.name for f in dataclasses.fields(Args)]
+    return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys
+                     if getattr(before, k) != getattr(after, k))
+
+
+def train(args: Args) -> dict:
+    raw_args, args = args, apply_batch_divisor(args)
+    check_args(args)
+    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    ewma_decay = com_to_decay(args.ewma_com)
+    if args.batch_divisor != 1:
+        print(f"--batch-divisor {args.batch_divisor}:\n{hyperparameter_changes(raw_args, args)}")
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_env(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    if args.batch_divisor != 1:
+        writer.add_text("batch_divisor", hyperparameter_changes(raw_args, args).replace("\n", "  \n"))
+
+    policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
+    ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None
+    ewma_weight = 1.0  # w of Appendix A: theta_prox <- theta, w <- 1
+    parameters = list(policy.parameters()) + list(value_net.parameters())
+    optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
+                                 betas=(args.adam_beta1, args.adam_beta2))
+    # the auxiliary phase's minibatches do not shrink with c, so its Adam keeps the unadjusted betas too
+    aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
+                                     betas=(raw_args.adam_beta1, raw_args.adam_beta2))
+    adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
+
+    # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
+    # auxiliary phase; empty: the OS commits the pages only as the first phase fills them
+    obs_shape = envs.single_observation_space.shape
+    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+    phase_obs = torch.empty((args.n_pi, args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype)
+    phase_returns = torch.zeros((args.n_pi, args.num_steps, args.num_envs))
+    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
+    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+    global_step, start_time, last_print = 0, time.time(), 0.0
+    episode_returns = deque(maxlen=100)
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs)
+    next_done = torch.zeros(args.num_envs, device=device)
+
+    for iteration in range(1, num_iterations + 1):
+        phase_iteration = (iteration - 1) % args.n_pi
+        if phase_iteration == 0:
+            phase_start = time.time()
+            if ewma_policy is not None:  # Appendix A (bold): reinitialize the EWMA at every policy phase
+                ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)
+        obs = phase_obs[phase_iteration]
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step], dones[step] = next_obs, next_done
+            with torch.no_grad():
+                step_obs = next_obs.to(device)
+                step_logits, values[step] = policy.get_logits(step_obs), value_net(step_obs)
+            action = torch.distributions.Categorical(logits=step_logits).sample()
+            actions[step] = action
+            behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
+
+            next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
+            truncated_only = np.flatnonzero(truncated & ~terminated)
+            if truncated_only.size:
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), device=device)
+                with torch.no_grad():
+                    rewards[step, truncated_only] += args.gamma * value_net(final_obs)
+            next_obs = torch.as_tensor(next_obs_np)
+            next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
+            if "episode" in info:
+                for i in np.flatnonzero(info["_episode"]):
+                    episode_returns.append(float(info["episode"]["r"][i]))
+                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
+
+        with torch.no_grad():
+            next_value = value_net(next_obs.to(device))
+        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+        phase_returns[phase_iteration] = returns.cpu()  # V_targ, reused by the auxiliary phase
+
+        b_obs = obs.reshape((-1,) + obs_shape)
+        b_actions, b_behav_logps, b_advantages = actions.reshape(-1), behav_logps.reshape(-1), advantages.reshape(-1)
+        b_returns, b_values = returns.reshape(-1), values.reshape(-1)
+        if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
+            adv_moments.update(b_advantages)
+            b_advantages = adv_moments.normalize(b_advantages)
+
+        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_behav",
+                                 "clipfrac", "is_capped_frac")}
+        for epoch in range(args.policy_epochs):  # E_pi epochs of L^CLIP_decoupled on the policy network
+            b_inds = torch.randperm(batch_size)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = b_inds[start:start + minibatch_size]
+                mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds].to(device), b_advantages[mb_inds], b_behav_logps[mb_inds]
+                new_logp, entropy = log_prob_and_entropy(policy.get_logits(mb_obs), b_actions[mb_inds])
+                if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
+                    with torch.no_grad():
+                        prox_logp = log_prob_and_entropy(ewma_policy.get_logits(mb_obs), b_actions[mb_inds])[0]
+                else:
+                    prox_logp = mb_behav_logp
+                pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
+                                              args.clip_coef, args.max_is_ratio)
+                entropy_loss = entropy.mean()
+                for name, value in (("policy_loss", pg_loss), ("entropy", entropy_loss)):
+                    if not torch.isfinite(value):
+                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+
+                optimizer.zero_grad()
+                (pg_loss - args.ent_coef * entropy_loss).backward()
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                optimizer.step()
+                if ewma_policy is not None:
+                    ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
+
+                with torch.no_grad():
+                    logratio = new_logp - prox_logp
+                    behav_logratio = new_logp - mb_behav_logp
+                    stats["policy_loss"].append(pg_loss.item())
+                    stats["entropy"].append(entropy_loss.item())
+                    stats["approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_prox
+                    stats["approx_kl_behav"].append(((behav_logratio.exp() - 1) - behav_logratio).mean().item())
+                    stats["clipfrac"].append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
+                    stats["is_capped_frac"].append((behav_logratio > math.log(args.max_is_ratio)).float().mean().item())
+
+        for epoch in range(args.value_epochs):  # E_V epochs of L^value on the separate value network
+            b_inds = torch.randperm(batch_size)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = b_inds[start:start + minibatch_size]
+                v_loss = 0.5 * ((value_net(b_obs[mb_inds].to(device)) - b_returns[mb_inds]) ** 2).mean()
+                if not torch.isfinite(v_loss):
+                    raise FloatingPointError(f"value_loss is {v_loss.item()} at iteration {iteration}; stopping.")
+                optimizer.zero_grad()
+                (args.vf_coef * v_loss).backward()
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
+                optimizer.step()
+                stats["value_loss"].append(v_loss.item())
+
+        var_returns = b_returns.var()
+        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        for name, vals in stats.items():
+            if vals:
+                writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        if args.norm_adv:
+            writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
+            writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
+        if ewma_policy is not None:
+            writer.add_scalar("charts/ewma_decay", ewma_decay, global_step)
+            writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
+
+        if phase_iteration == args.n_pi - 1:  # N_pi policy iterations done: the auxiliary phase
+            aux_start = time.time()
+            aux_stats = auxiliary_phase(
+                policy, value_net, aux_optimizer, phase_obs.reshape((-1,) + obs_shape), phase_returns.reshape(-1),
+                args.aux_epochs, args.aux_minibatch_size, args.beta_clone, iteration, device,
+            )
+            for name, value in aux_stats.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/aux_learning_rate", aux_optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/policy_phase_time", aux_start - phase_start, global_step)
+            writer.add_scalar("charts/aux_phase_time", time.time() - aux_start, global_step)
+
+        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
+        if time.time() - last_print > 10 or iteration == num_iterations:
+            last_print = time.time()
+            print(f"step {global_step:>10}  mean_return {mean_return:8.2f}  SPS {sps}")
+
+    if args.save_model:
+        torch.save({"policy": policy.state_dict(), "value": value_net.state_dict()}, os.path.join(run_dir, "model.pt"))
+    envs.close()
+    writer.close()
+    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+
+
+if __name__ == "__main__":
+    train(tyro.cli(Args))

@@ -1,0 +1,251 @@
+"""Worked examples for ppg_ewma.py: small tensors, the arithmetic in comments, the expected numbers."""
+import dataclasses
+import glob
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ppg_ewma
+from ppg_ewma import (
+    Args, EwmaMoments, apply_batch_divisor, aux_loss, check_args, com_to_decay, compute_gae,
+    decoupled_clip_loss, span_to_decay, train, update_ewma,
+)
+
+LN = math.log
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    # 2 shared cores: a second intra-op thread only contends (the Procgen smoke run took 119 s, not 19 s)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ------------------------------------------------------------------------------------ aux_loss
+def aux_example():
+    # sample 1: old uniform p = (1/3, 1/3, 1/3); new logits (ln 2, 0, 0) give q = (1/2, 1/4, 1/4)
+    # sample 2: the other way round, old p = (1/2, 1/4, 1/4), new q uniform
+    old_logits = torch.tensor([[0.0, 0.0, 0.0], [LN(2), 0.0, 0.0]])
+    new_logits = torch.tensor([[LN(2), 0.0, 0.0], [0.0, 0.0, 0.0]], requires_grad=True)
+    aux_values = torch.tensor([1.0, 2.0])
+    values = torch.tensor([0.5, 3.0])
+    returns = torch.tensor([1.5, 2.0])
+    return old_logits, new_logits, aux_values, values, returns
+
+
+def test_aux_loss_by_hand():
+    old_logits, new_logits, aux_values, values, returns = aux_example()
+    # KL_1 = 1/3 ln((1/3)/(1/2)) + 2/3 ln((1/3)/(1/4)) = 1/3 ln(32/27) = 0.0566330
+    # KL_2 = 1/2 ln((1/2)/(1/3)) + 1/2 ln((1/4)/(1/3)) = 1/2 ln(9/8)   = 0.0588915  (KL is not symmetric)
+    mean_kl = (LN(32 / 27) / 3 + LN(9 / 8) / 2) / 2  # 0.0577622
+    # aux head: 0.5 * mean((1 - 1.5)^2, (2 - 2)^2) = 0.5 * 0.125 = 0.0625
+    # value net: 0.5 * mean((0.5 - 1.5)^2, (3 - 2)^2) = 0.5 * 1 = 0.5
+    loss = aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone=2.0)
+    assert loss.item() == pytest.approx(2 * mean_kl + 0.0625 + 0.5)  # 0.6780244
+    assert loss.item() == pytest.approx(0.6780244, abs=1e-6)
+
+
+def test_aux_loss_gradient_clones_towards_old_policy_only():
+    old_logits, new_logits, aux_values, values, returns = aux_example()
+    old_logits.requires_grad_(True)
+    aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone=2.0).backward()
+    # d KL[p || softmax(z)] / dz = q - p; times beta_clone / B = 2 / 2 = 1
+    # sample 1: q - p = (1/2 - 1/3, 1/4 - 1/3, 1/4 - 1/3) = (1/6, -1/12, -1/12)
+    # sample 2: q - p = (1/3 - 1/2, 1/3 - 1/4, 1/3 - 1/4) = (-1/6, 1/12, 1/12)
+    expected = torch.tensor([[1 / 6, -1 / 12, -1 / 12], [-1 / 6, 1 / 12, 1 / 12]])
+    assert torch.allclose(new_logits.grad, expected, atol=1e-6)
+    assert old_logits.grad is None  # pi_old is a fixed target: no gradient flows into it
+
+
+def test_aux_loss_without_cloning_is_the_two_value_losses():
+    old_logits, new_logits, aux_values, values, returns = aux_example()
+    assert aux_loss(new_logits, old_logits, aux_values, values, returns, 0.0).item() == pytest.approx(0.5625)
+
+
+# --------------------------------------------------------------- decoupled loss and EWMA helpers
+def test_decoupled_clip_loss_by_hand():
+    # sample 1: r = 0.6/0.4 = 1.5 -> clip 1.2, A = +1: min(1.5, 1.2) = 1.2; pi_prox/pi_behav = 0.4/0.5 = 0.8 -> 0.96
+    # sample 2: r = 0.3/0.4 = 0.75, A = +2: min(1.5, 0.8 * 2 = 1.6) = 1.5; pi_prox/pi_behav = 0.4/0.2 = 2 -> 3.0
+    new_logp = torch.tensor([LN(0.6), LN(0.3)], requires_grad=True)
+    prox_logp = torch.tensor([LN(0.4), LN(0.4)])
+    behav_logp = torch.tensor([LN(0.5), LN(0.2)])
+    loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, torch.tensor([1.0, 2.0]), 0.2)
+    assert loss.item() == pytest.approx(-(0.96 + 3.0) / 2)  # -1.98
+    loss.backward()
+    # sample 1 is clipped: no gradient. sample 2: d/dlogp of -(2 * r * 2) / 2 = -2 r = -1.5
+    assert new_logp.grad.tolist() == pytest.approx([0.0, -1.5])
+
+
+def test_decoupled_clip_loss_with_prox_equal_behav_is_ppo():
+    new_logp = torch.tensor([LN(0.6), LN(0.3), LN(0.5)])
+    old_logp = torch.tensor([LN(0.4), LN(0.4), LN(0.5)])
+    advantages = torch.tensor([1.0, -2.0, 0.5])
+    ratio = torch.exp(new_logp - old_logp)
+    ppo = -torch.min(ratio * advantages, torch.clamp(ratio, 0.8, 1.2) * advantages).mean()
+    assert decoupled_clip_loss(new_logp, old_logp, old_logp, advantages, 0.2).item() == pytest.approx(ppo.item())
+    # min(1.5 * 1, 1.2 * 1) = 1.2;  min(0.75 * -2, 0.8 * -2) = -1.6;  min(1 * 0.5, 1 * 0.5) = 0.5
+    assert ppo.item() == pytest.approx(-(1.2 - 1.6 + 0.5) / 3)
+
+
+def test_decoupled_clip_loss_caps_the_importance_weight():
+    # pi/pi_behav = 0.5/0.001 = 500 > 100: behav is raised to 0.5/100 = 0.005, r = pi/pi_prox = 1,
+    # so the loss is -(pi_prox/pi_behav') * A = -(0.5/0.005) * 1 = -100 instead of -500
+    new_logp, prox_logp = torch.tensor([LN(0.5)]), torch.tensor([LN(0.5)])
+    loss = decoupled_clip_loss(new_logp, prox_logp, torch.tensor([LN(0.001)]), torch.tensor([1.0]), 0.2, 100.0)
+    assert loss.item() == pytest.approx(-100.0)
+
+
+def scalar_net(value):
+    net = nn.Linear(1, 1, bias=False)
+    nn.init.constant_(net.weight, value)
+    return net
+
+
+def test_update_ewma_matches_the_weighted_average_of_appendix_a():
+    ewma, model, beta = scalar_net(0.0), scalar_net(1.0), 0.5  # theta_0 = 0, w = 1
+    w = update_ewma(ewma, model, 1.0, beta)  # w = 1 + 0.5 * 1 = 1.5; theta_prox = 1/1.5 + 0 = 0.6667
+    assert w == pytest.approx(1.5) and ewma.weight.item() == pytest.approx(2 / 3)
+    nn.init.constant_(model.weight, 4.0)
+    w = update_ewma(ewma, model, w, beta)  # w = 1.75; theta_prox = 4/1.75 + 0.5 * 1.5/1.75 * 2/3 = 2.5714
+    # Appendix A's closed form: (theta_2 + beta theta_1 + beta^2 theta_0) / (1 + beta + beta^2) = 4.5 / 1.75
+    assert w == pytest.approx(1.75) and ewma.weight.item() == pytest.approx(4.5 / 1.75)
+
+
+def test_update_ewma_with_decay_zero_resets_to_a_copy():
+    ewma, model = scalar_net(-3.0), scalar_net(7.0)
+    assert update_ewma(ewma, model, 5.0, 0.0) == 1.0  # theta_prox <- theta, w <- 1
+    assert ewma.weight.item() == 7.0
+
+
+def test_decay_conversions():
+    assert com_to_decay(8.0) == pytest.approx(8 / 9)  # 0.889, Table 4
+    assert com_to_decay(32.0) == pytest.approx(32 / 33)  # centre of mass x4 under --batch-divisor 4
+    assert span_to_decay(1.0) == 0.0  # span 1: this iteration's batch only
+    assert span_to_decay(3.0) == pytest.approx(0.5)  # 2/(1 - 0.5) - 1 = 3
+
+
+def test_ewma_moments_by_hand():
+    moments = EwmaMoments(0.5)
+    moments.update(torch.tensor([1.0, 3.0]))  # n 2, mean 2, var 1: w = 2, s = 4, q = 2 * (1 + 4) = 10
+    moments.update(torch.tensor([6.0]))  # w = 1 + 1 = 2, s = 2 + 6 = 8, q = 5 + 36 = 41
+    assert moments.mean == pytest.approx(4.0)  # 8 / 2
+    assert moments.std == pytest.approx(math.sqrt(4.5))  # 41 / 2 - 4^2 = 4.5
+    assert moments.normalize(torch.tensor([4.0 + math.sqrt(4.5)])).item() == pytest.approx(1.0)
+
+
+def test_compute_gae_by_hand():
+    rewards, values = torch.tensor([[1.0], [1.0]]), torch.tensor([[0.5], [0.5]])
+    next_value, next_done = torch.tensor([2.0]), torch.tensor([0.0])
+    # t=1: delta = 1 + 0.9 * 2 - 0.5 = 2.3 -> A_1 = 2.3
+    # t=0, no episode end: delta = 1 + 0.9 * 0.5 - 0.5 = 0.95 -> A_0 = 0.95 + 0.9 * 0.8 * 2.3 = 2.606
+    adv, ret = compute_gae(rewards, values, torch.zeros(2, 1), next_value, next_done, 0.9, 0.8)
+    assert adv.flatten().tolist() == pytest.approx([2.606, 2.3])
+    assert ret.flatten().tolist() == pytest.approx([3.106, 2.8])
+    # dones[1] = 1: the step from obs 0 ended an episode, so A_0 = delta_0 = 1 - 0.5 = 0.5
+    adv, _ = compute_gae(rewards, values, torch.tensor([[0.0], [1.0]]), next_value, next_done, 0.9, 0.8)
+    assert adv.flatten().tolist() == pytest.approx([0.5, 2.3])
+
+
+# ------------------------------------------------------------------- batch divisor and arguments
+def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_auxiliary_phase():
+    args = Args()
+    new = apply_batch_divisor(dataclasses.replace(args, batch_divisor=4))
+    assert (new.num_envs, new.n_pi) == (64, 128)  # 256 / 4 envs, 32 * 4 iterations per phase
+    assert new.learning_rate == pytest.approx(2.5e-4)  # 5e-4 / sqrt(4)
+    assert (new.ewma_com, new.adv_norm_span) == (32.0, 4.0)
+    # the phase batch size N_pi x T x N is unchanged: 128 * 256 * 64 = 32 * 256 * 256 = 2,097,152
+    assert new.n_pi * new.num_steps * new.num_envs == args.n_pi * args.num_steps * args.num_envs == 2_097_152
+    # the auxiliary phase keeps its absolute settings (Appendix B): 512 minibatches of 4096 per epoch
+    for name in ("aux_minibatch_size", "aux_learning_rate", "aux_epochs", "beta_clone", "num_steps"):
+        assert getattr(new, name) == getattr(args, name)
+    off = apply_batch_divisor(dataclasses.replace(args, batch_divisor=4, adjust_n_pi=False))
+    assert off.n_pi == 32 and off.num_envs == 64
+    with pytest.raises(SystemExit, match="--batch-divisor"):
+        apply_batch_divisor(dataclasses.replace(args, batch_divisor=3))
+
+
+def test_check_args_stops_when_the_auxiliary_buffer_does_not_fit(monkeypatch):
+    monkeypatch.setattr(ppg_ewma, "available_memory_bytes", lambda: 2**30)
+    # 32 * 256 * 256 samples * (12288 obs + 4 target + 15 * 4 logits bytes) = 25,904,021,504 B = 24.1 GiB
+    with pytest.raises(SystemExit, match=r"24\.1 GiB.*1\.0 GiB.*--n-pi, --num-envs or --num-steps"):
+        check_args(Args())
+    check_args(Args(n_pi=2, num_envs=16, num_steps=64, aux_minibatch_size=64))  # 2048 * 12352 B = 24 MiB fits
+
+
+def test_check_args_rejects_an_aux_minibatch_size_that_does_not_divide_the_phase():
+    with pytest.raises(SystemExit, match="--aux-minibatch-size"):
+        check_args(Args(env_id="CartPole-v1", num_envs=4, num_steps=32, n_pi=2, aux_minibatch_size=48))
+    with pytest.raises(SystemExit, match="--env-id"):
+        check_args(Args(env_id="NoSuchEnv-v0"))
+
+
+# ------------------------------------------------------------------------------------ training
+def tiny_args(**kw):
+    config = dict(exp_name="test", num_envs=4, num_steps=32, num_minibatches=2, n_pi=2, aux_minibatch_size=64,
+                  gamma=0.99, cuda=False)
+    return Args(**{**config, **kw})
+
+
+def scalars(run_dir):
+    acc = EventAccumulator(glob.glob(f"{run_dir}/events.out.tfevents.*")[0])
+    acc.Reload()
+    return {tag: [e.value for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+AUX_TAGS = ("losses/aux_clone_kl", "losses/aux_value_loss", "losses/aux_true_value_loss", "losses/aux_kl_moved")
+
+
+def test_ewma_equals_the_policy_at_the_first_step_after_an_auxiliary_phase(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    nets, events = {}, []
+    real_update, real_aux, real_loss = ppg_ewma.update_ewma, ppg_ewma.auxiliary_phase, ppg_ewma.decoupled_clip_loss
+
+    def same_weights():
+        return all(torch.equal(p, q) for p, q in zip(nets["ewma"].parameters(), nets["policy"].parameters()))
+
+    def update(ewma_model, model, weight, decay):
+        nets["ewma"], nets["policy"] = ewma_model, model
+        return real_update(ewma_model, model, weight, decay)
+
+    def aux(*a, **k):
+        out = real_aux(*a, **k)
+        events.append(("aux", same_weights()))
+        return out
+
+    def loss(new_logp, prox_logp, *a, **k):
+        events.append(("step", same_weights(), torch.equal(new_logp.detach(), prox_logp)))
+        return real_loss(new_logp, prox_logp, *a, **k)
+
+    monkeypatch.setattr(ppg_ewma, "update_ewma", update)
+    monkeypatch.setattr(ppg_ewma, "auxiliary_phase", aux)
+    monkeypatch.setattr(ppg_ewma, "decoupled_clip_loss", loss)
+    # 3 iterations of 128 steps, 2 policy steps each, N_pi 2: phase 1 = iterations 1-2, aux phase, phase 2
+    train(tiny_args(env_id="CartPole-v1", total_timesteps=3 * 128))
+    assert [e[0] for e in events] == ["step"] * 4 + ["aux"] + ["step"] * 2
+    assert events[4] == ("aux", False)  # the auxiliary phase moved the policy away from the EWMA ...
+    assert events[5] == ("step", True, True)  # ... and the next phase starts with theta_prox = theta, pi_prox = pi
+    assert events[6] == ("step", False, False)  # after one step theta_prox = (theta_1 + beta theta_0)/(1 + beta)
+    assert events[0] == ("step", True, True)  # the first phase starts the same way
+
+
+@pytest.mark.parametrize("args", [
+    tiny_args(env_id="CartPole-v1", total_timesteps=2 * 4 * 32),  # 2 iterations = one phase, then aux
+    tiny_args(env_id="coinrun", distribution_mode="easy", num_steps=16, aux_minibatch_size=32,
+              total_timesteps=2 * 4 * 16),  # the IMPALA CNN runs at ~100-400 samples/s here
+], ids=["CartPole-v1", "coinrun"])
+def test_train_smoke_passes_an_auxiliary_phase(tmp_path, monkeypatch, args):
+    monkeypatch.chdir(tmp_path)
+    result = train(args)
+    assert result["global_step"] == 2 * args.num_envs * args.num_steps
+    logged = scalars(result["run_dir"])
+    for tag in AUX_TAGS + ("charts/policy_phase_time", "charts/aux_phase_time"):
+        assert len(logged[tag]) == 1 and np.isfinite(logged[tag][0]), tag
+    assert logged["losses/aux_clone_kl"][0] >= 0.0  # a KL
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "charts/SPS"):
+        assert len(logged[tag]) == 2 and np.all(np.isfinite(logged[tag])), tag
