@@ -18,15 +18,6 @@ from ppg_ewma import (
 LN = math.log
 
 
-@pytest.fixture(autouse=True)
-def one_torch_thread():
-    # 2 shared cores: a second intra-op thread only contends (the Procgen smoke run took 119 s, not 19 s)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ------------------------------------------------------------------------------------ aux_loss
 def aux_example():
     # sample 1: old uniform p = (1/3, 1/3, 1/3); new logits (ln 2, 0, 0) give q = (1/2, 1/4, 1/4)
