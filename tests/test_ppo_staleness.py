@@ -141,8 +141,9 @@ def test_smoke_cartpole_staleness_2(tmp_path, monkeypatch):
 
 def test_smoke_procgen(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
+    # 2 envs x 16 steps = 32 per iteration, 4 iterations: 2 of warm-up, then 2 trained on
     args = Args(env_id="starpilot", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1,
-                total_timesteps=96, staleness=1, objective="recent", exp_name="smoke", save_model=True)
+                total_timesteps=128, staleness=2, objective="recent", exp_name="smoke", save_model=True)
     result = train(args)
     logged = scalars(result["run_dir"])
     for tag in TRAIN_TAGS:
