@@ -1,0 +1,528 @@
+"""PPO on artificially stale data, with the three policy objectives of Fig. 1.
+
+Paper: Hilton, Cobbe & Schulman, "Batch size-invariance for policy optimization" (2021), Sec. 5.1.
+Each rollout waits in a queue and is trained on `--staleness k` iterations after it was collected.
+PPO's pi_old is then ambiguous: the recent policy (the weights before this iteration's updates) or
+the behaviour policy (which collected the data k iterations ago). `--objective` picks one of:
+  recent     pi_recent for importance sampling and for clipping (Fig. 1a: biased, unstable)
+  decoupled  pi_recent as the proximal policy, pi_behav for importance sampling (Fig. 1b)
+  behavior   pi_behav for both (Fig. 1c: plain PPO on stale data, held back by old clipping)
+
+    python ppo_staleness.py                                    # decoupled, staleness 4, starpilot hard
+    python ppo_staleness.py --objective recent --staleness 8   # one point of Fig. 1a
+    python ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --gamma 0.99 \\
+        --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --total-timesteps 100000
+"""
+import math
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Literal, NamedTuple, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_staleness"
+    """name of this experiment, part of the run directory's name (with objective and staleness)"""
+    seed: int = 1
+    """seed of random, numpy, torch and the environment (Procgen's rand_seed)"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    save_model: bool = False
+    """write model.pt into the run directory at the end"""
+
+    env_id: str = "starpilot"
+    """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
+    distribution_mode: Literal["easy", "hard"] = "hard"
+    """Procgen difficulty (the paper: hard)"""
+    num_levels: int = 0
+    """Procgen levels to train on; 0 means unlimited"""
+    start_level: int = 0
+    """Procgen's first level seed"""
+    total_timesteps: int = 100_000_000
+    """total environment steps, warm-up included (the paper: 100M)"""
+    num_envs: int = 256
+    """parallel environments N (the paper: 4 workers x 64)"""
+    num_steps: int = 256
+    """timesteps per rollout T"""
+    num_minibatches: int = 8
+    """minibatches per epoch"""
+    update_epochs: int = 3
+    """policy epochs E"""
+
+    learning_rate: float = 5e-4
+    """Adam step size alpha"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    adam_beta1: float = 0.9
+    """Adam beta1"""
+    adam_beta2: float = 0.999
+    """Adam beta2"""
+    gamma: float = 0.999
+    """discount gamma"""
+    gae_lambda: float = 0.95
+    """GAE bootstrapping parameter lambda"""
+    clip_coef: float = 0.2
+    """clipping parameter epsilon"""
+    ent_coef: float = 0.01
+    """entropy coefficient"""
+    vf_coef: float = 0.5
+    """value function coefficient"""
+    max_grad_norm: Optional[float] = None
+    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
+    max_is_ratio: float = 100.0
+    """cap on the importance weight pi/pi_behav (Appendix B, for the staleness experiments)"""
+    norm_adv: bool = True
+    """normalize advantages with the mean and std of the whole batch"""
+
+    staleness: int = 4
+    """k: train on each rollout k iterations after it was collected (0: plain PPO)"""
+    objective: Literal["recent", "decoupled", "behavior"] = "decoupled"
+    """which policy is pi_old: recent (Fig. 1a), decoupled prox=recent/IS=behav (Fig. 1b), behavior (Fig. 1c)"""
+
+
+def batch_sizes(args: Args) -> tuple[int, int, int]:
+    """(batch_size, minibatch_size, num_iterations) derived from Args."""
+    batch_size = args.num_envs * args.num_steps
+    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
+
+
+def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
+    """Host memory of the k + 1 rollouts alive at once (k queued, one being collected or trained on)."""
+    per_step = obs_bytes + 8 + 4 * (num_actions + 4)  # obs, int64 action, logits, logp, value, reward, done
+    per_rollout = num_steps * num_envs * per_step + num_envs * (obs_bytes + 4)  # + next_obs, next_done
+    return (staleness + 1) * per_rollout
+
+
+def check_args(args: Args) -> None:
+    """Stop with one sentence naming the flag before any work is done."""
+    batch_size, _, num_iterations = batch_sizes(args)
+    if args.env_id not in PROCGEN_GAMES and args.env_id not in gym.registry:
+        raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
+    if not 1 <= args.num_minibatches <= batch_size or batch_size % args.num_minibatches != 0:
+        raise SystemExit(
+            f"--num-minibatches {args.num_minibatches} must divide the batch of "
+            f"{batch_size} samples (--num-envs {args.num_envs} x --num-steps {args.num_steps})."
+        )
+    if args.total_timesteps < 1:
+        raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
+    if args.max_is_ratio <= 1:
+        raise SystemExit(f"--max-is-ratio must be greater than 1, got {args.max_is_ratio}.")
+    if not 0 <= args.staleness < num_iterations:
+        raise SystemExit(
+            f"--staleness {args.staleness} must be >= 0 and below the {num_iterations} iterations of "
+            f"--total-timesteps {args.total_timesteps}, or nothing is ever trained on."
+        )
+    if args.env_id in PROCGEN_GAMES:
+        obs_bytes, num_actions = 64 * 64 * 3, 15
+    else:
+        probe = gym.make(args.env_id)
+        obs_bytes, num_actions = probe.observation_space.sample().nbytes, getattr(probe.action_space, "n", 1)
+        probe.close()
+    needed = queue_bytes(args.staleness, args.num_steps, args.num_envs, obs_bytes, num_actions)
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # total RAM: an optimistic bound
+    if needed > ram:
+        raise SystemExit(
+            f"--staleness {args.staleness} keeps {args.staleness + 1} rollouts in memory, about "
+            f"{needed / 1e9:.1f} GB, more than this machine's {ram / 1e9:.1f} GB of RAM; lower "
+            f"--staleness, --num-envs or --num-steps."
+        )
+
+
+# ---------------------------------------------------------------------------------- environment
+class ProcgenVecEnv(gym.vector.VectorEnv):
+    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
+
+    Procgen resets a finished level inside `step`, so the observation returned with done=True is
+    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}
+
+    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed):
+        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
+
+        self.venv = ProcgenEnv(
+            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
+            distribution_mode=distribution_mode, rand_seed=seed,
+        )
+        self.num_envs = num_envs
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        return self.venv.reset()["rgb"], {}
+
+    def step(self, actions):
+        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
+        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
+
+    def close(self):
+        self.venv.close()
+
+
+def make_env(args: Args) -> gym.vector.VectorEnv:
+    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    if args.env_id in PROCGEN_GAMES:
+        envs = ProcgenVecEnv(
+            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed
+        )
+    else:
+        envs = gym.make_vec(
+            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        )
+    if not isinstance(envs.single_action_space, gym.spaces.Discrete):
+        envs.close()
+        raise SystemExit(f"--env-id {args.env_id} has a continuous action space; ppo_staleness.py needs discrete actions.")
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
+    envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
+    return envs
+
+
+# ------------------------------------------------------------------------------------- networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    def __init__(self, in_channels, out_channels):
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels)
+        self.res1 = ResidualBlock(out_channels)
+
+    def forward(self, x):
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+
+    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+        super().__init__()
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
+        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+
+    def forward(self, obs):
+        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+
+
+class Agent(nn.Module):
+    """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads."""
+
+    def __init__(self, envs):
+        super().__init__()
+        obs_shape = envs.single_observation_space.shape
+        if len(obs_shape) == 3:
+            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
+            self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
+        else:
+            hidden = 64
+            self.torso = nn.Sequential(
+                layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
+                layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+            )
+        self.actor = layer_init(nn.Linear(hidden, envs.single_action_space.n), std=0.01)
+        self.critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+
+    def get_logits(self, obs):
+        return self.actor(self.torso(obs))
+
+    def get_value(self, obs):
+        return self.critic(self.torso(obs)).squeeze(-1)
+
+    def forward(self, obs):
+        hidden = self.torso(obs)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+
+# --------------------------------------------------------------------------- algorithm functions
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalized advantage estimation (Schulman et al., 2015b).
+
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
+    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
+    Returns (advantages, returns), both [T, N], with returns = advantages + values.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]  # TD error delta_t
+        last_gae = delta + gamma * gae_lambda * next_nonterminal * last_gae
+        advantages[t] = last_gae
+    return advantages, advantages + values
+
+
+def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
+    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A).
+
+    r = pi/pi_prox. All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at
+    max_is_ratio by raising behav_logp (Appendix B). With prox_logp == behav_logp this is PPO's loss.
+    """
+    prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
+    behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
+    ratio = torch.exp(new_logp - prox_logp)
+    prox_is_weight = torch.exp(prox_logp - behav_logp)  # pi_prox / pi_behav
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages)
+    return -(prox_is_weight * surrogate).mean()
+
+
+class StaleQueue:
+    """Artificial staleness (Sec. 5.1): push(rollout) returns the rollout pushed `staleness` pushes
+    earlier, or None while warming up (staleness 0 returns the rollout just pushed)."""
+
+    def __init__(self, staleness):
+        self.staleness = staleness
+        self.rollouts = deque()
+
+    def push(self, rollout):
+        self.rollouts.append(rollout)
+        return self.rollouts.popleft() if len(self.rollouts) > self.staleness else None
+
+
+def select_logps(objective, behav_logp, recent_logp):
+    """(prox_logp, is_logp) of Fig. 1: the policy that clips and the one that importance-samples.
+
+    behav_logp, recent_logp: [B]. recent -> (recent, recent) (a); decoupled -> (recent, behav) (b);
+    behavior -> (behav, behav) (c). Only "decoupled" is both unbiased and recent.
+    """
+    if objective == "recent":
+        return recent_logp, recent_logp
+    if objective == "decoupled":
+        return recent_logp, behav_logp
+    if objective == "behavior":
+        return behav_logp, behav_logp
+    raise ValueError(f"unknown objective {objective!r}; expected recent, decoupled or behavior")
+
+
+# ------------------------------------------------------------------------------------- training
+class Rollout(NamedTuple):
+    """One iteration's data, self-contained so that it can be trained on k iterations later."""
+
+    obs: torch.Tensor  # [T, N, *obs_shape], the env's dtype
+    actions: torch.Tensor  # [T, N]
+    logits: torch.Tensor  # [T, N, A] of pi_behav
+    behav_logps: torch.Tensor  # [T, N]
+    values: torch.Tensor  # [T, N], V predicted at collection time
+    rewards: torch.Tensor  # [T, N], truncation bootstrap already added
+    dones: torch.Tensor  # [T, N]
+    next_obs: torch.Tensor  # [N, *obs_shape], the observation after the rollout's last step
+    next_done: torch.Tensor  # [N]
+
+
+def log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def train(args: Args) -> dict:
+    check_args(args)
+    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_env(args)
+    run_name = f"{args.env_id}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    agent = Agent(envs).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
+                                 betas=(args.adam_beta1, args.adam_beta2))
+    queue = StaleQueue(args.staleness)
+    num_actions = envs.single_action_space.n
+    obs_shape = envs.single_observation_space.shape
+    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+
+    global_step, start_time, last_print = 0, time.time(), 0.0
+    episode_returns = deque(maxlen=100)
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, device=device)
+    next_done = torch.zeros(args.num_envs, device=device)
+
+    for iteration in range(1, num_iterations + 1):
+        # fresh storage every iteration: the queue keeps each rollout until it is trained on
+        obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
+        actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+        logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)
+        behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
+        rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+        dones = torch.zeros((args.num_steps, args.num_envs), device=device)
+        values = torch.zeros((args.num_steps, args.num_envs), device=device)
+
+        for step in range(args.num_steps):
+            global_step += args.num_envs
+            obs[step], dones[step] = next_obs, next_done
+            with torch.no_grad():
+                step_logits, values[step] = agent(next_obs)
+            action = torch.distributions.Categorical(logits=step_logits).sample()
+            actions[step], logits[step] = action, step_logits
+            behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
+
+            next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
+            truncated_only = np.flatnonzero(truncated & ~terminated)
+            if truncated_only.size:
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), device=device)
+                with torch.no_grad():
+                    rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
+            next_obs = torch.as_tensor(next_obs_np, device=device)
+            next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
+            if "episode" in info:
+                for i in np.flatnonzero(info["_episode"]):
+                    episode_returns.append(float(info["episode"]["r"][i]))
+                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
+
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/SPS", sps, global_step)
+        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
+        if time.time() - last_print > 10 or iteration == num_iterations:
+            last_print = time.time()
+            print(f"step {global_step:>10}  mean_return {mean_return:8.2f}  SPS {sps}")
+
+        # queued rollouts wait in host memory, which holds many more of them than a GPU would
+        rollout = Rollout(obs, actions, logits, behav_logps, values, rewards, dones, next_obs, next_done)
+        stale = queue.push(Rollout(*(x.cpu() for x in rollout)))
+        if stale is None:
+            continue  # warm-up: the first k iterations only collect
+        stale = Rollout(*(x.to(device) for x in stale))
+
+        # Advantages of a stale rollout, as in the paper's experiments: the value predictions stored
+        # when it was collected, and the CURRENT model's bootstrap value V(s_T) at its end.
+        with torch.no_grad():
+            next_value = agent.get_value(stale.next_obs)
+        advantages, returns = compute_gae(stale.rewards, stale.values, stale.dones, next_value, stale.next_done,
+                                          args.gamma, args.gae_lambda)
+
+        b_obs = stale.obs.reshape((-1,) + obs_shape)
+        b_actions, b_logits = stale.actions.reshape(-1), stale.logits.reshape(-1, num_actions)
+        b_behav_logps, b_advantages = stale.behav_logps.reshape(-1), advantages.reshape(-1)
+        b_returns, b_values = returns.reshape(-1), stale.values.reshape(-1)
+        if args.norm_adv:  # full-batch normalization (the EwmaMoments of ppo_ewma.py with span 1)
+            b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std(unbiased=False) + 1e-8)
+
+        # pi_recent: the weights before this iteration's updates, computed once and held fixed.
+        # With k = 0 they are the weights that just collected the rollout: pi_recent = pi_behav.
+        if args.staleness == 0:
+            b_recent_logits, b_recent_logps = b_logits, b_behav_logps
+        else:
+            with torch.no_grad():
+                b_recent_logits = torch.cat([agent.get_logits(b_obs[start:start + minibatch_size])
+                                             for start in range(0, batch_size, minibatch_size)])
+            b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
+        b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
+
+        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
+                                 "is_capped_frac", "kl_behav", "kl_recent")}
+        for epoch in range(args.update_epochs):
+            b_inds = torch.randperm(batch_size, device=device)
+            for start in range(0, batch_size, minibatch_size):
+                mb_inds = b_inds[start:start + minibatch_size]
+                new_logits, new_value = agent(b_obs[mb_inds])
+                new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
+                prox_logp, is_logp = b_prox_logps[mb_inds], b_is_logps[mb_inds]
+
+                # L^CLIP_decoupled with pi_prox, pi_behav := the two policies the objective picked
+                pg_loss = decoupled_clip_loss(new_logp, prox_logp, is_logp, b_advantages[mb_inds],
+                                              args.clip_coef, args.max_is_ratio)
+                v_loss = 0.5 * ((new_value - b_returns[mb_inds]) ** 2).mean()
+                entropy_loss = entropy.mean()
+                loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss)):
+                    if not torch.isfinite(value):
+                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+                with torch.no_grad():
+                    logratio = new_logp - prox_logp
+                    stats["policy_loss"].append(pg_loss.item())
+                    stats["value_loss"].append(v_loss.item())
+                    stats["entropy"].append(entropy_loss.item())
+                    stats["approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_prox
+                    stats["clipfrac"].append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
+                    stats["is_capped_frac"].append((new_logp - is_logp > math.log(args.max_is_ratio)).float().mean().item())
+                    # exact KL[pi_behav || pi] and KL[pi_recent || pi] over the minibatch's states
+                    stats["kl_behav"].append(categorical_kl(b_logits[mb_inds], new_logits).mean().item())
+                    stats["kl_recent"].append(categorical_kl(b_recent_logits[mb_inds], new_logits).mean().item())
+
+        var_returns = b_returns.var()
+        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
+        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
+        for name, vals in stats.items():
+            writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+
+    if args.save_model:
+        torch.save(agent.state_dict(), os.path.join(run_dir, "model.pt"))
+    envs.close()
+    writer.close()
+    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+
+
+if __name__ == "__main__":
+    train(tyro.cli(Args))

@@ -1,0 +1,164 @@
+"""Worked examples for ppo_staleness.py: the queue, the three objectives of Fig. 1, the cap, smoke runs."""
+import math
+
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from ppo_staleness import Args, StaleQueue, check_args, decoupled_clip_loss, queue_bytes, select_logps, train
+
+log = math.log
+
+
+# ------------------------------------------------------------------------------------ StaleQueue
+def test_queue_returns_the_rollout_pushed_k_iterations_earlier():
+    queue = StaleQueue(2)
+    rollouts = [object() for _ in range(5)]
+    # iterations 1 and 2 only collect (warm-up); iteration i >= 3 trains on the rollout of i - 2
+    got = [queue.push(r) for r in rollouts]
+    assert got[0] is None and got[1] is None
+    assert got[2] is rollouts[0] and got[3] is rollouts[1] and got[4] is rollouts[2]
+
+
+def test_queue_with_staleness_zero_returns_the_rollout_just_pushed():
+    queue = StaleQueue(0)
+    for _ in range(3):
+        rollout = object()
+        assert queue.push(rollout) is rollout
+
+
+# ----------------------------------------------------------------------------------- objectives
+def test_select_logps_for_the_three_panels_of_fig_1():
+    behav, recent = torch.tensor([-1.0, -2.0]), torch.tensor([-0.5, -0.7])
+    prox, is_ = select_logps("recent", behav, recent)  # (a)
+    assert prox is recent and is_ is recent
+    prox, is_ = select_logps("decoupled", behav, recent)  # (b)
+    assert prox is recent and is_ is behav
+    prox, is_ = select_logps("behavior", behav, recent)  # (c)
+    assert prox is behav and is_ is behav
+    with pytest.raises(ValueError, match="unknown objective"):
+        select_logps("old", behav, recent)
+
+
+@pytest.mark.parametrize("objective, expected_loss, expected_grad", [
+    # pi_behav = 0.2, pi_recent = 0.4, pi = 0.44, A = 1, eps = 0.2
+    ("recent", -1.1, -1.1),     # r = 0.44/0.4 = 1.1 (unclipped), weight 1: -1.1; d/dlogp = -r A = -1.1
+    ("behavior", -1.2, 0.0),    # r = 0.44/0.2 = 2.2 -> clipped to 1.2: -1.2, no gradient
+    ("decoupled", -2.2, -2.2),  # r = 1.1 against pi_recent, weight pi_recent/pi_behav = 2: -2.2
+])
+def test_loss_and_gradient_of_each_objective(objective, expected_loss, expected_grad):
+    behav_logp, recent_logp = torch.tensor([log(0.2)]), torch.tensor([log(0.4)])
+    new_logp = torch.tensor([log(0.44)], requires_grad=True)
+    prox_logp, is_logp = select_logps(objective, behav_logp, recent_logp)
+    loss = decoupled_clip_loss(new_logp, prox_logp, is_logp, torch.tensor([1.0]), clip_coef=0.2)
+    loss.backward()
+    assert loss.item() == pytest.approx(expected_loss, rel=1e-5)
+    assert new_logp.grad.item() == pytest.approx(expected_grad, abs=1e-5)
+
+
+def test_clipped_loss_with_the_importance_weight_cap_active():
+    # sample 1: pi = 0.5, pi_prox = 0.45, pi_behav = 0.001, A = 1: pi/pi_behav = 500 > 100, so pi_behav
+    #   is raised to 0.5/100 = 0.005; r = 0.5/0.45 = 1.111 (unclipped); weight 0.45/0.005 = 90;
+    #   term = -90 * 1.111 = -100 (uncapped: -450 * 1.111 = -500)
+    # sample 2: pi = 0.3, pi_prox = 0.2, pi_behav = 0.0001, A = 2: pi_behav raised to 0.003;
+    #   r = 1.5 -> min(1.5*2, 1.2*2) = 2.4; weight 0.2/0.003 = 66.67; term = -160 (uncapped: -4800)
+    new_logp = torch.tensor([log(0.5), log(0.3)], requires_grad=True)
+    prox_logp = torch.tensor([log(0.45), log(0.2)])
+    behav_logp = torch.tensor([log(0.001), log(0.0001)])
+    advantages = torch.tensor([1.0, 2.0])
+    loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef=0.2, max_is_ratio=100.0)
+    assert loss.item() == pytest.approx((-100 - 160) / 2, rel=1e-5)
+    uncapped = decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef=0.2, max_is_ratio=1e9)
+    assert uncapped.item() == pytest.approx((-500 - 4800) / 2, rel=1e-5)
+    # The cap is a stop-gradient: the weight 90 stays a constant, so d term1/d logp = -90 * r * A = -100
+    # (divided by the batch of 2). Had the raised pi_behav (= pi/100) kept its gradient, term 1 would be
+    # -100 * A for every pi and its gradient would be 0. Sample 2 is clipped: no gradient.
+    loss.backward()
+    assert new_logp.grad.tolist() == pytest.approx([-50.0, 0.0], abs=1e-4)
+
+
+@pytest.mark.parametrize("objective", ["recent", "decoupled", "behavior"])
+def test_with_staleness_zero_every_objective_is_ppo(objective):
+    # k = 0: pi_recent = pi_behav. pi_behav = [0.5, 0.25], pi = [0.7, 0.15], A = [1, -1], eps = 0.2
+    # PPO: r = [1.4, 0.6]; sample 1: min(1.4, 1.2) * 1 = 1.2; sample 2: min(-0.6, -0.8) = -0.8
+    # loss = -(1.2 - 0.8) / 2 = -0.2
+    behav_logp = torch.tensor([log(0.5), log(0.25)])
+    new_logp = torch.tensor([log(0.7), log(0.15)])
+    advantages = torch.tensor([1.0, -1.0])
+    prox_logp, is_logp = select_logps(objective, behav_logp, behav_logp.clone())
+    loss = decoupled_clip_loss(new_logp, prox_logp, is_logp, advantages, clip_coef=0.2)
+    ratio = (new_logp - behav_logp).exp()  # PPO as usually written (Schulman et al., 2017)
+    ppo = torch.max(-advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)).mean()
+    assert loss.item() == pytest.approx(ppo.item()) == pytest.approx(-0.2)
+
+
+# ----------------------------------------------------------------------------------- check_args
+def test_queue_memory_at_paper_scale():
+    # per step: 64*64*3 = 12288 obs bytes + 8 (int64 action) + 4*(15 logits + logp, value, reward, done)
+    #   = 12372; per rollout 65536 * 12372 + 256 * (12288 + 4) = 813,958,144 bytes; k = 32 keeps 33
+    assert queue_bytes(32, 256, 256, 12288, 15) == 33 * 813_958_144  # 26.9 GB
+
+
+def test_check_args_rejects_a_queue_larger_than_ram():
+    # 1001 * 813,958,144 bytes = 814.8 GB, far beyond any machine this runs on
+    with pytest.raises(SystemExit, match=r"--staleness 1000 keeps 1001 rollouts in memory, about 814.8 GB"):
+        check_args(Args(staleness=1000))
+
+
+@pytest.mark.parametrize("staleness", [-1, 4])
+def test_check_args_rejects_negative_or_too_large_staleness(staleness):
+    # 4 * 32 = 128 steps per iteration, 512 steps: 4 iterations, so k = 4 never trains
+    args = Args(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=512, staleness=staleness)
+    with pytest.raises(SystemExit, match="--staleness"):
+        check_args(args)
+
+
+# ------------------------------------------------------------------------------------ smoke runs
+def scalars(run_dir):
+    events = EventAccumulator(run_dir)
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+TRAIN_TAGS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "losses/clipfrac",
+              "losses/is_capped_frac", "losses/kl_behav", "losses/kl_recent", "losses/explained_variance")
+
+
+def test_smoke_cartpole_staleness_2(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # 8 envs x 16 steps = 128 per iteration, 6 iterations: 2 of warm-up, then 4 trained on
+    args = Args(env_id="CartPole-v1", num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
+                gamma=0.99, total_timesteps=768, staleness=2, objective="decoupled", exp_name="smoke")
+    result = train(args)
+    assert result["global_step"] == 768  # warm-up steps count too
+    assert "decoupled_k2" in result["run_dir"]
+    logged = scalars(result["run_dir"])
+    assert len(logged["charts/SPS"]) == 6
+    for tag in TRAIN_TAGS:
+        assert len(logged[tag]) == 4 and all(math.isfinite(v) for v in logged[tag]), tag
+    assert logged["charts/episodic_return"]
+
+
+def test_smoke_procgen(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    # 2 envs x 16 steps = 32 per iteration, 4 iterations: 2 of warm-up, then 2 trained on
+    args = Args(env_id="starpilot", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1,
+                total_timesteps=128, staleness=2, objective="recent", exp_name="smoke", save_model=True)
+    result = train(args)
+    logged = scalars(result["run_dir"])
+    for tag in TRAIN_TAGS:
+        assert len(logged[tag]) == 2 and all(math.isfinite(v) for v in logged[tag]), tag
+    assert (tmp_path / result["run_dir"] / "model.pt").exists()
+
+
+def test_staleness_zero_trains_identically_under_every_objective(tmp_path, monkeypatch):
+    # k = 0: pi_recent = pi_behav, so the three objectives are the same loss and, seeded alike, the
+    # same run: identical policy losses at every iteration
+    monkeypatch.chdir(tmp_path)
+    losses = {}
+    for objective in ("recent", "decoupled", "behavior"):
+        args = Args(env_id="CartPole-v1", num_envs=4, num_steps=16, num_minibatches=2, update_epochs=2,
+                    gamma=0.99, total_timesteps=192, staleness=0, objective=objective, exp_name="k0")
+        losses[objective] = scalars(train(args)["run_dir"])["losses/policy_loss"]
+    assert len(losses["recent"]) == 3
+    assert losses["recent"] == losses["decoupled"] == losses["behavior"]
