@@ -22,7 +22,7 @@ import math
 import os
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -477,7 +477,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
             values = value_net(mb_obs)
             loss = aux_loss(new_logits, mb_old_logits, aux_values, values, mb_returns, beta_clone)
             if not torch.isfinite(loss):
-                raise FloatingPointError(f"aux_loss is {loss.item()} at iteration {iteration}; stopping.")
+                raise FloatingPointError(f"aux_loss is not finite at iteration {iteration}; stopping.")
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
@@ -609,8 +609,7 @@ def train(args: Args) -> dict:
             adv_moments.update(b_advantages)
             b_advantages = adv_moments.normalize(b_advantages)
 
-        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "approx_kl_behav",
-                                 "clipfrac", "is_capped_frac")}
+        stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.policy_epochs):  # E_pi epochs of L^CLIP_decoupled on the policy network
             b_inds = torch.randperm(batch_size)
             for start in range(0, batch_size, minibatch_size):
@@ -625,12 +624,14 @@ def train(args: Args) -> dict:
                 pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
                                               args.clip_coef, args.max_is_ratio)
                 entropy_loss = entropy.mean()
-                for name, value in (("policy_loss", pg_loss), ("entropy", entropy_loss)):
-                    if not torch.isfinite(value):
-                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+                loss = pg_loss - args.ent_coef * entropy_loss
+                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
+                    parts = {"policy_loss": pg_loss, "entropy": entropy_loss}
+                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
+                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
 
                 optimizer.zero_grad()
-                (pg_loss - args.ent_coef * entropy_loss).backward()
+                loss.backward()
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -638,14 +639,15 @@ def train(args: Args) -> dict:
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
 
                 with torch.no_grad():
-                    logratio = new_logp - prox_logp
-                    behav_logratio = new_logp - mb_behav_logp
-                    stats["policy_loss"].append(pg_loss.item())
-                    stats["entropy"].append(entropy_loss.item())
-                    stats["approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_prox
-                    stats["approx_kl_behav"].append(((behav_logratio.exp() - 1) - behav_logratio).mean().item())
-                    stats["clipfrac"].append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
-                    stats["is_capped_frac"].append((behav_logratio > math.log(args.max_is_ratio)).float().mean().item())
+                    logratio, behav_logratio = new_logp - prox_logp, new_logp - mb_behav_logp
+                    for name, value in (
+                        ("policy_loss", pg_loss), ("entropy", entropy_loss),
+                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
+                        ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
+                        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
+                        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
+                    ):
+                        stats[name].append(value.detach())
 
         for epoch in range(args.value_epochs):  # E_V epochs of L^value on the separate value network
             b_inds = torch.randperm(batch_size)
@@ -653,13 +655,13 @@ def train(args: Args) -> dict:
                 mb_inds = b_inds[start:start + minibatch_size]
                 v_loss = 0.5 * ((value_net(b_obs[mb_inds].to(device)) - b_returns[mb_inds]) ** 2).mean()
                 if not torch.isfinite(v_loss):
-                    raise FloatingPointError(f"value_loss is {v_loss.item()} at iteration {iteration}; stopping.")
+                    raise FloatingPointError(f"value_loss is not finite at iteration {iteration}; stopping.")
                 optimizer.zero_grad()
                 (args.vf_coef * v_loss).backward()
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
                 optimizer.step()
-                stats["value_loss"].append(v_loss.item())
+                stats["value_loss"].append(v_loss.detach())
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
@@ -667,8 +669,7 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         for name, vals in stats.items():
-            if vals:
-                writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
+            writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)

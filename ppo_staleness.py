@@ -17,7 +17,7 @@ import math
 import os
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Literal, NamedTuple, Optional
 
@@ -472,8 +472,7 @@ def train(args: Args) -> dict:
             b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 
-        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "clipfrac",
-                                 "is_capped_frac", "kl_behav", "kl_recent")}
+        stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
             b_inds = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
@@ -488,9 +487,10 @@ def train(args: Args) -> dict:
                 v_loss = 0.5 * ((new_value - b_returns[mb_inds]) ** 2).mean()
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss)):
-                    if not torch.isfinite(value):
-                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
+                    parts = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
+                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
+                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -500,21 +500,22 @@ def train(args: Args) -> dict:
 
                 with torch.no_grad():
                     logratio = new_logp - prox_logp
-                    stats["policy_loss"].append(pg_loss.item())
-                    stats["value_loss"].append(v_loss.item())
-                    stats["entropy"].append(entropy_loss.item())
-                    stats["approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_prox
-                    stats["clipfrac"].append(((logratio.exp() - 1).abs() > args.clip_coef).float().mean().item())
-                    stats["is_capped_frac"].append((new_logp - is_logp > math.log(args.max_is_ratio)).float().mean().item())
-                    # exact KL[pi_behav || pi] and KL[pi_recent || pi] over the minibatch's states
-                    stats["kl_behav"].append(categorical_kl(b_logits[mb_inds], new_logits).mean().item())
-                    stats["kl_recent"].append(categorical_kl(b_recent_logits[mb_inds], new_logits).mean().item())
+                    for name, value in (
+                        ("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
+                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
+                        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
+                        ("is_capped_frac", (new_logp - is_logp > math.log(args.max_is_ratio)).float().mean()),
+                        # exact KL[pi_behav || pi] and KL[pi_recent || pi] over the minibatch's states
+                        ("kl_behav", categorical_kl(b_logits[mb_inds], new_logits).mean()),
+                        ("kl_recent", categorical_kl(b_recent_logits[mb_inds], new_logits).mean()),
+                    ):
+                        stats[name].append(value.detach())
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, vals in stats.items():
-            writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
+            writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
 
     if args.save_model:
