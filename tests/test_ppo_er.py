@@ -1,12 +1,14 @@
 """Worked examples for ppo_er.py: each test states its inputs, the hand arithmetic and the result."""
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from gymnasium.wrappers.utils import RunningMeanStd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, ppo_er_loss,
+from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, make_env, ppo_er_loss,
                     train)
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)  # 0.918939
@@ -144,6 +146,25 @@ def test_truncation_bootstrap_in_gae_input():
     advantages, returns = compute_gae(rewards, values, dones, torch.tensor([2.0]), torch.tensor([0.0]), 0.5, 0.5)
     assert advantages[:, 0].tolist() == pytest.approx([1.25, 1.0, -1.0])
     assert returns[:, 0].tolist() == pytest.approx([2.25, 3.0, 2.0])
+
+
+def test_final_obs_for_the_bootstrap_is_normalized_like_other_obs():
+    # V(final obs) must see the same normalization as every other input of V. Replay a raw Pendulum
+    # episode beside make_env's and normalize its last obs by hand: (o - mean) / sqrt(var + 1e-8),
+    # with running statistics over all obs so far (the reset obs and 200 step obs).
+    envs, raw = make_env(Args(env_id="Pendulum-v1", num_envs=1)), gym.make("Pendulum-v1")
+    envs.reset(seed=3)
+    raw_obs, _ = raw.reset(seed=3)
+    rms = RunningMeanStd(shape=raw_obs.shape)
+    rms.update(raw_obs[None])
+    for _ in range(200):
+        _, _, _, truncated, info = envs.step(np.full((1, 1), 0.5, np.float32))
+        raw_obs = raw.step(np.array([0.5], np.float32))[0]
+        rms.update(raw_obs[None])
+    assert truncated[0] and info["_final_obs"][0]
+    expected = (raw_obs - rms.mean) / np.sqrt(rms.var + 1e-8)
+    assert info["final_obs"][0] == pytest.approx(expected, abs=1e-4)
+    envs.close()
 
 
 @pytest.mark.parametrize("changes, flag", [
