@@ -80,7 +80,7 @@ class Args:
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (not in the paper: off)"""
     norm_adv: bool = True
-    """standardize the advantages of each minibatch"""
+    """standardize the advantages within each minibatch (the paper does not say; common PPO practice)"""
 
 
 def batch_sizes(args: Args) -> tuple[int, int]:
