@@ -345,14 +345,14 @@ def train(args: Args) -> dict:
         ratio_max, clipped, counted = 0.0, torch.zeros(2), torch.zeros(2)  # [fresh, replayed]
         for epoch in range(args.update_epochs):  # lines 8-16: T epochs of NL/M minibatches
             for mb_inds in replay.minibatch_indices(args.minibatch_size):
-                mean, log_std = agent.get_policy(b_obs[mb_inds])
+                mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
+                mean, log_std = agent.get_policy(mb_obs)
                 new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
-                new_value = agent.get_value(b_obs[mb_inds])
-                mb_advantages = b_advantages[mb_inds]
+                new_value = agent.get_value(mb_obs)
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
-                pg_loss = ppo_er_loss(new_logp, b_behav_logps[mb_inds], mb_advantages, clip_coef)
+                pg_loss = ppo_er_loss(new_logp, mb_behav_logp, mb_advantages, clip_coef)
                 v_loss = ((new_value - b_returns[mb_inds]) ** 2).mean()  # L^V: MSE to the TD(lambda) targets
                 entropy_loss = gaussian_entropy(log_std).mean()
                 loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
@@ -367,7 +367,7 @@ def train(args: Args) -> dict:
                 optimizer.step()
 
                 with torch.no_grad():
-                    logratio = new_logp - b_behav_logps[mb_inds]
+                    logratio = new_logp - mb_behav_logp
                     ratio, mb_fresh = logratio.exp(), b_fresh[mb_inds]
                     is_clipped = ((ratio - 1).abs() > clip_coef).float()
                     stats["policy_loss"].append(pg_loss.item())
