@@ -1,0 +1,412 @@
+"""PPO with multi-batch experience replay (PPO-ER) for continuous control.
+
+Paper: Han & Sung, "Multi-Batch Experience Replay for Fast Convergence of Continuous Action Control".
+Each iteration collects a batch of N samples from the current policy, computes GAE advantages and
+TD(lambda) targets for it once, and stores it with the behaviour policy's mean and std in a replay
+memory R of the last L batches (eq. 11). The update runs T epochs of minibatches drawn from all N*L
+stored samples, each sample's importance ratio taken against the policy that generated it (eq. 12-13).
+L = 1 is PPO, on the same code path.
+
+    python ppo_er.py                                     # PPO-ER (L = 2) on HalfCheetah-v5, 1M steps
+    python ppo_er.py --replay-batches 1                  # the paper's PPO baseline
+    python ppo_er.py --num-envs 8                        # K = 8 actors, each N/K = 256 steps
+    python ppo_er.py --env-id Pendulum-v1 --total-timesteps 200000   # a few minutes on a laptop CPU
+"""
+import math
+import os
+import random
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import tyro
+from torch.utils.tensorboard import SummaryWriter
+
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)
+
+
+@dataclass
+class Args:
+    exp_name: str = "ppo_er"
+    """name of this experiment, part of the run directory's name"""
+    seed: int = 1
+    """seed of random, numpy, torch and the environment"""
+    torch_deterministic: bool = True
+    """set torch.backends.cudnn.deterministic"""
+    cuda: bool = True
+    """use CUDA when it is available"""
+    save_model: bool = False
+    """write model.pt into the run directory at the end"""
+
+    env_id: str = "HalfCheetah-v5"
+    """a Gymnasium env with vector observations and continuous (Box) actions"""
+    total_timesteps: int = 1_000_000
+    """total environment steps"""
+    batch_size: int = 2048
+    """horizon N: samples collected by each policy, over all actors (Table II)"""
+    num_envs: int = 1
+    """actors K, each collecting N/K steps per iteration (Table II: 1 or 8)"""
+    minibatch_size: int = 64
+    """minibatch size M, M/K samples from each actor (Table II)"""
+    update_epochs: int = 10
+    """epochs T over the replay memory per iteration (Table II)"""
+    replay_batches: int = 2
+    """replay policy depth L: batches kept in memory (the paper: 2; 1 is PPO)"""
+
+    learning_rate: float = 3e-4
+    """Adam step size beta before annealing (Table II: 3e-4 alpha)"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    anneal: bool = True
+    """anneal step size and clip factor with alpha going linearly from 1 to 0 over training (Sec. V)"""
+    gamma: float = 0.99
+    """discount gamma"""
+    gae_lambda: float = 0.95
+    """TD parameter lambda of GAE and of the TD(lambda) targets"""
+    clip_coef: float = 0.2
+    """clipping factor epsilon before annealing (Table II: 0.2 alpha)"""
+    vf_coef: float = 1.0
+    """value loss coefficient c of eq. (16) (the paper: 1, separate networks)"""
+    ent_coef: float = 0.0
+    """entropy bonus coefficient (not in the paper, which uses none)"""
+    max_grad_norm: Optional[float] = None
+    """clip the gradient's global norm (not in the paper: off)"""
+    norm_adv: bool = True
+    """standardize the advantages within each minibatch (the paper does not say; common PPO practice)"""
+
+
+def batch_sizes(args: Args) -> tuple[int, int]:
+    """(num_steps per actor N/K, num_iterations) derived from Args."""
+    return args.batch_size // args.num_envs, math.ceil(args.total_timesteps / args.batch_size)
+
+
+def check_args(args: Args) -> None:
+    """Stop with one sentence naming the flag before any work is done."""
+    if args.env_id in PROCGEN_GAMES:
+        raise SystemExit(f"--env-id {args.env_id} is a Procgen game with discrete actions; ppo_er.py needs continuous actions.")
+    if args.env_id not in gym.registry:
+        raise SystemExit(f"--env-id {args.env_id!r} is not a registered Gymnasium env.")
+    if args.num_envs < 1 or args.batch_size % args.num_envs != 0:
+        raise SystemExit(f"--batch-size {args.batch_size} must be divisible by --num-envs {args.num_envs} (N/K steps per actor).")
+    if (not 1 <= args.minibatch_size <= args.batch_size or args.batch_size % args.minibatch_size != 0
+            or args.minibatch_size % args.num_envs != 0):
+        raise SystemExit(
+            f"--minibatch-size {args.minibatch_size} must divide --batch-size {args.batch_size} and be a "
+            f"multiple of --num-envs {args.num_envs} (M/K samples from each actor)."
+        )
+    if args.replay_batches < 1:
+        raise SystemExit(f"--replay-batches must be at least 1, got {args.replay_batches}.")
+    if args.update_epochs < 1:
+        raise SystemExit(f"--update-epochs must be at least 1, got {args.update_epochs}.")
+    if args.total_timesteps < 1:
+        raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
+
+
+# ---------------------------------------------------------------------------------- environment
+def make_env(args: Args) -> gym.vector.VectorEnv:
+    """Vectorized env with normalized observations, raw-score episode statistics and reward scaling.
+
+    Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset, so each actor's env
+    normalizes its own observations; then info["final_obs"] is normalized like every other obs.
+    """
+    envs = gym.make_vec(
+        args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+        wrappers=[gym.wrappers.NormalizeObservation],
+    )
+    if not isinstance(envs.single_action_space, gym.spaces.Box):
+        envs.close()
+        raise SystemExit(f"--env-id {args.env_id} has a discrete action space; ppo_er.py needs continuous (Box) actions.")
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
+    envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
+    return envs
+
+
+# ------------------------------------------------------------------------------------- networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim, out_dim, out_std):
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
+
+
+class Agent(nn.Module):
+    """Policy N(mu(s; phi), sigma^2) with a state-independent sigma, and a separate value network V(s) (Sec. IV)."""
+
+    def __init__(self, envs):
+        super().__init__()
+        obs_dim = int(np.prod(envs.single_observation_space.shape))
+        action_dim = int(np.prod(envs.single_action_space.shape))
+        self.actor_mean = mlp(obs_dim, action_dim, out_std=0.01)
+        self.actor_log_std = nn.Parameter(torch.zeros(action_dim))  # log sigma, one per action dim
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+
+    def get_value(self, obs):
+        return self.critic(obs).squeeze(-1)
+
+    def get_policy(self, obs):
+        mean = self.actor_mean(obs)
+        return mean, self.actor_log_std.expand_as(mean)
+
+
+# --------------------------------------------------------------------------- algorithm functions
+def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
+    """Generalized advantage estimation (Schulman et al., 2015b).
+
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
+    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
+    Returns (advantages, returns), both [T, N], with returns = advantages + values.
+    """
+    num_steps = rewards.shape[0]
+    advantages = torch.zeros_like(rewards)
+    last_gae = torch.zeros_like(next_value)
+    for t in reversed(range(num_steps)):
+        if t == num_steps - 1:
+            next_nonterminal, next_values = 1.0 - next_done, next_value
+        else:
+            next_nonterminal, next_values = 1.0 - dones[t + 1], values[t + 1]
+        delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]  # TD error delta_t
+        last_gae = delta + gamma * gae_lambda * next_nonterminal * last_gae
+        advantages[t] = last_gae
+    return advantages, advantages + values
+
+
+def gaussian_log_prob(actions, mean, log_std):
+    """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
+    return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std):
+    """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
+    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+def ppo_er_loss(new_logp, behav_logp, advantages, clip_coef):
+    """-L^CLIP-ER (eq. 12) with alpha_m = 1/M: mean of -min(R_m A_m, clip(R_m, 1-eps, 1+eps) A_m).
+
+    All inputs [B]; only new_logp carries gradient. R_m = pi(a_m|s_m) / pi_{theta_i(m)}(a_m|s_m)
+    (eq. 13) is against the policy that generated sample m. With one batch in memory it is PPO's loss (eq. 8).
+    """
+    ratio = torch.exp(new_logp - behav_logp.detach())
+    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages)
+    return -surrogate.mean()
+
+
+def linear_schedule(initial, iteration, num_iterations):
+    """initial * alpha during iteration `iteration` (1-based), alpha = fraction of iterations not yet begun.
+
+    alpha is 1 in the first iteration, 1/J in the last and 0 once all J are done ("linearly annealed
+    from 1 to 0 as the time step continued", Sec. V; the timesteps-so-far convention of PPO's code).
+    """
+    return initial * max(0.0, 1.0 - (iteration - 1) / num_iterations)
+
+
+class ReplayMemory:
+    """R of eq. (11): the last L batches of (s, a, A_hat, V_hat, mu, log sigma), newest last.
+
+    push() takes one batch as a dict of [T, K, ...] tensors (T = N/K steps of K actors). Advantages
+    and targets are computed once, when a batch is stored, and never recomputed (Sec. IV).
+    """
+
+    def __init__(self, num_batches):
+        self.batches = deque(maxlen=num_batches)
+
+    def __len__(self):
+        return len(self.batches)
+
+    def push(self, batch):
+        self.batches.append(batch)
+
+    def data(self):
+        """All stored samples flattened to [L*T*K, ...], oldest batch first, plus "age": [L*T*K]
+        (0 for the newest batch, L-1 for the oldest)."""
+        data = {key: torch.cat([b[key] for b in self.batches]).flatten(0, 1) for key in self.batches[0]}
+        num_steps, num_envs = self.batches[0]["advantages"].shape
+        ages = torch.arange(len(self) - 1, -1, -1, device=data["advantages"].device)
+        data["age"] = ages.repeat_interleave(num_steps * num_envs)
+        return data
+
+    def minibatch_indices(self, minibatch_size):
+        """One epoch: index tensors [M] into data() that visit every stored sample exactly once.
+
+        Each minibatch holds M/K samples of each actor k, drawn from R_k (Algorithm 1, lines 10-13).
+        """
+        num_steps, num_envs = self.batches[0]["advantages"].shape
+        device = self.batches[0]["advantages"].device
+        rows, per_actor = len(self) * num_steps, minibatch_size // num_envs
+        shuffled_rows = torch.argsort(torch.rand(rows, num_envs, device=device), dim=0)  # column k: a shuffle of R_k
+        flat = shuffled_rows * num_envs + torch.arange(num_envs, device=device)  # [row, k] -> row * K + k
+        return list(flat.reshape(rows // per_actor, per_actor * num_envs))
+
+
+# ------------------------------------------------------------------------------------- training
+def train(args: Args) -> dict:
+    check_args(args)
+    num_steps, num_iterations = batch_sizes(args)
+
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    torch.backends.cudnn.deterministic = args.torch_deterministic
+    device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+
+    envs = make_env(args)
+    run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
+    run_dir = os.path.join("runs", run_name)
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+
+    agent = Agent(envs).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    replay = ReplayMemory(args.replay_batches)
+    obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
+    action_low = torch.as_tensor(envs.single_action_space.low, device=device)
+    action_high = torch.as_tensor(envs.single_action_space.high, device=device)
+
+    obs = torch.zeros((num_steps, args.num_envs) + obs_shape, device=device)
+    actions = torch.zeros((num_steps, args.num_envs) + action_shape, device=device)
+    behav_means = torch.zeros((num_steps, args.num_envs) + action_shape, device=device)
+    behav_log_stds = torch.zeros((num_steps, args.num_envs) + action_shape, device=device)
+    rewards = torch.zeros((num_steps, args.num_envs), device=device)
+    dones = torch.zeros((num_steps, args.num_envs), device=device)
+    values = torch.zeros((num_steps, args.num_envs), device=device)
+
+    global_step, start_time, last_print = 0, time.time(), 0.0
+    episode_returns = deque(maxlen=100)
+    next_obs, _ = envs.reset(seed=args.seed)
+    next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
+    next_done = torch.zeros(args.num_envs, device=device)
+
+    for iteration in range(1, num_iterations + 1):
+        # step size beta = 3e-4 alpha and clip factor epsilon = 0.2 alpha (Table II)
+        learning_rate = linear_schedule(args.learning_rate, iteration, num_iterations) if args.anneal else args.learning_rate
+        clip_coef = linear_schedule(args.clip_coef, iteration, num_iterations) if args.anneal else args.clip_coef
+        optimizer.param_groups[0]["lr"] = learning_rate
+
+        for step in range(num_steps):  # Algorithm 1, line 3: K actors, N/K steps each
+            global_step += args.num_envs
+            obs[step], dones[step] = next_obs, next_done
+            with torch.no_grad():
+                mean, log_std = agent.get_policy(next_obs)
+                values[step] = agent.get_value(next_obs)
+                action = mean + log_std.exp() * torch.randn_like(mean)  # a ~ N(mu(s), sigma^2), eq. (10)
+            actions[step], behav_means[step], behav_log_stds[step] = action, mean, log_std
+
+            # the env sees the action clipped to its bounds; log-probabilities use the sampled one
+            env_action = torch.clamp(action, action_low, action_high).cpu().numpy()
+            next_obs_np, reward, terminated, truncated, info = envs.step(env_action)
+            rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
+            truncated_only = np.flatnonzero(truncated & ~terminated)
+            if truncated_only.size:
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=torch.float32, device=device)
+                with torch.no_grad():
+                    rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
+            next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
+            next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
+            if "episode" in info:
+                for i in np.flatnonzero(info["_episode"]):
+                    episode_returns.append(float(info["episode"]["r"][i]))
+                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
+                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
+
+        # A_hat (eq. 14) and V_hat = A_hat + V (eq. 15), computed once for this batch (lines 4-5)
+        with torch.no_grad():
+            next_value = agent.get_value(next_obs)
+        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+        # line 6; obs stay as normalized at collection time, the input mu and sigma were computed from
+        replay.push({"obs": obs.clone(), "actions": actions.clone(), "advantages": advantages, "returns": returns,
+                     "behav_mean": behav_means.clone(), "behav_log_std": behav_log_stds.clone()})
+
+        data = replay.data()
+        # denominator of eq. (13): each sample's own behaviour policy, from its stored mu and sigma
+        b_behav_logps = gaussian_log_prob(data["actions"], data["behav_mean"], data["behav_log_std"])
+        b_obs, b_actions, b_advantages, b_returns = data["obs"], data["actions"], data["advantages"], data["returns"]
+        b_fresh = data["age"] == 0
+
+        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "ratio_mean")}
+        ratio_max, clipped, counted = 0.0, torch.zeros(2), torch.zeros(2)  # [fresh, replayed]
+        for epoch in range(args.update_epochs):  # lines 8-16: T epochs of NL/M minibatches
+            for mb_inds in replay.minibatch_indices(args.minibatch_size):
+                mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
+                mean, log_std = agent.get_policy(mb_obs)
+                new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
+                new_value = agent.get_value(mb_obs)
+                if args.norm_adv:
+                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+
+                pg_loss = ppo_er_loss(new_logp, mb_behav_logp, mb_advantages, clip_coef)
+                v_loss = ((new_value - b_returns[mb_inds]) ** 2).mean()  # L^V: MSE to the TD(lambda) targets
+                entropy_loss = gaussian_entropy(log_std).mean()
+                loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
+                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss)):
+                    if not torch.isfinite(value):
+                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
+
+                with torch.no_grad():
+                    logratio = new_logp - mb_behav_logp
+                    ratio, mb_fresh = logratio.exp(), b_fresh[mb_inds]
+                    is_clipped = ((ratio - 1).abs() > clip_coef).float()
+                    stats["policy_loss"].append(pg_loss.item())
+                    stats["value_loss"].append(v_loss.item())
+                    stats["entropy"].append(entropy_loss.item())
+                    stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())  # k3 to each sample's pi_behav
+                    stats["ratio_mean"].append(ratio.mean().item())
+                    ratio_max = max(ratio_max, ratio.max().item())
+                    for age_group, mask in enumerate((mb_fresh, ~mb_fresh)):
+                        clipped[age_group] += is_clipped[mask].sum().item()
+                        counted[age_group] += mask.sum().item()
+
+        fresh_returns, fresh_values = returns.reshape(-1), values.reshape(-1)
+        var_returns = fresh_returns.var()
+        explained_var = (1 - (fresh_returns - fresh_values).var() / var_returns).item() if var_returns > 0 else float("nan")
+        sps = int(global_step / (time.time() - start_time))
+        writer.add_scalar("charts/learning_rate", learning_rate, global_step)
+        writer.add_scalar("charts/clip_coef", clip_coef, global_step)
+        writer.add_scalar("charts/replay_batches", len(replay), global_step)
+        writer.add_scalar("charts/SPS", sps, global_step)
+        for name, vals in stats.items():
+            writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
+        writer.add_scalar("losses/ratio_max", ratio_max, global_step)
+        writer.add_scalar("losses/clipfrac", (clipped.sum() / counted.sum()).item(), global_step)
+        writer.add_scalar("losses/clipfrac_fresh", (clipped[0] / counted[0]).item(), global_step)
+        if counted[1] > 0:
+            writer.add_scalar("losses/clipfrac_replayed", (clipped[1] / counted[1]).item(), global_step)
+        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
+        if time.time() - last_print > 10 or iteration == num_iterations:
+            last_print = time.time()
+            print(f"step {global_step:>10}  mean_return {mean_return:8.2f}  SPS {sps}")
+
+    if args.save_model:
+        torch.save(agent.state_dict(), os.path.join(run_dir, "model.pt"))
+    envs.close()
+    writer.close()
+    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+
+
+if __name__ == "__main__":
+    train(tyro.cli(Args))
