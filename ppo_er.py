@@ -16,7 +16,7 @@ import math
 import os
 import random
 import time
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Optional
 
@@ -341,8 +341,9 @@ def train(args: Args) -> dict:
         b_obs, b_actions, b_advantages, b_returns = data["obs"], data["actions"], data["advantages"], data["returns"]
         b_fresh = data["age"] == 0
 
-        stats = {k: [] for k in ("policy_loss", "value_loss", "entropy", "approx_kl", "ratio_mean")}
-        ratio_max, clipped, counted = 0.0, torch.zeros(2), torch.zeros(2)  # [fresh, replayed]
+        stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
+        ratio_max = torch.zeros((), device=device)
+        clipped, counted = torch.zeros(2, device=device), torch.zeros(2, device=device)  # [fresh, replayed]
         for epoch in range(args.update_epochs):  # lines 8-16: T epochs of NL/M minibatches
             for mb_inds in replay.minibatch_indices(args.minibatch_size):
                 mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
@@ -356,9 +357,10 @@ def train(args: Args) -> dict:
                 v_loss = ((new_value - b_returns[mb_inds]) ** 2).mean()  # L^V: MSE to the TD(lambda) targets
                 entropy_loss = gaussian_entropy(log_std).mean()
                 loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
-                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss)):
-                    if not torch.isfinite(value):
-                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
+                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
+                    parts = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
+                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
+                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -370,15 +372,16 @@ def train(args: Args) -> dict:
                     logratio = new_logp - mb_behav_logp
                     ratio, mb_fresh = logratio.exp(), b_fresh[mb_inds]
                     is_clipped = ((ratio - 1).abs() > clip_coef).float()
-                    stats["policy_loss"].append(pg_loss.item())
-                    stats["value_loss"].append(v_loss.item())
-                    stats["entropy"].append(entropy_loss.item())
-                    stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())  # k3 to each sample's pi_behav
-                    stats["ratio_mean"].append(ratio.mean().item())
-                    ratio_max = max(ratio_max, ratio.max().item())
+                    for name, value in (
+                        ("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
+                        ("approx_kl", ((ratio - 1) - logratio).mean()),  # k3 estimate of KL to each sample's pi_behav
+                        ("ratio_mean", ratio.mean()),
+                    ):
+                        stats[name].append(value.detach())
+                    ratio_max = torch.maximum(ratio_max, ratio.max())
                     for age_group, mask in enumerate((mb_fresh, ~mb_fresh)):
-                        clipped[age_group] += is_clipped[mask].sum().item()
-                        counted[age_group] += mask.sum().item()
+                        clipped[age_group] += is_clipped[mask].sum()
+                        counted[age_group] += mask.sum()
 
         fresh_returns, fresh_values = returns.reshape(-1), values.reshape(-1)
         var_returns = fresh_returns.var()
@@ -389,8 +392,8 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/replay_batches", len(replay), global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         for name, vals in stats.items():
-            writer.add_scalar(f"losses/{name}", float(np.mean(vals)), global_step)
-        writer.add_scalar("losses/ratio_max", ratio_max, global_step)
+            writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
+        writer.add_scalar("losses/ratio_max", ratio_max.item(), global_step)
         writer.add_scalar("losses/clipfrac", (clipped.sum() / counted.sum()).item(), global_step)
         writer.add_scalar("losses/clipfrac_fresh", (clipped[0] / counted[0]).item(), global_step)
         if counted[1] > 0:
