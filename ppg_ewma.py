@@ -506,6 +506,17 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+@torch.no_grad()
+def logits_in_chunks(model, obs, chunk_size):
+    """model.get_logits(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
+
+    Why: on CPU, glibc gives every freed buffer above 32 MiB back to the OS, so a big no-grad pass
+    pays page faults for all its activations again each time. 64 IMPALA frames (16 MiB per layer) stay
+    below that: here a 2048-frame pass took 3.3 s at once and 1.1 s in chunks of 64.
+    """
+    return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
+
+
 def hyperparameter_changes(before: Args, after: Args) -> str:
     keys = [f.name for f in dataclasses.fields(Args)]
     return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys
@@ -525,6 +536,7 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
     envs = make_env(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
@@ -617,8 +629,8 @@ def train(args: Args) -> dict:
                 mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds].to(device), b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_logp, entropy = log_prob_and_entropy(policy.get_logits(mb_obs), b_actions[mb_inds])
                 if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
-                    with torch.no_grad():
-                        prox_logp = log_prob_and_entropy(ewma_policy.get_logits(mb_obs), b_actions[mb_inds])[0]
+                    prox_logits = logits_in_chunks(ewma_policy, mb_obs, prox_chunk_size)
+                    prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
                 else:
                     prox_logp = mb_behav_logp
                 pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,

@@ -367,6 +367,17 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+@torch.no_grad()
+def logits_in_chunks(model, obs, chunk_size):
+    """model.get_logits(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
+
+    Why: on CPU, glibc gives every freed buffer above 32 MiB back to the OS, so a big no-grad pass
+    pays page faults for all its activations again each time. 64 IMPALA frames (16 MiB per layer) stay
+    below that: here a 2048-frame pass took 3.3 s at once and 1.1 s in chunks of 64.
+    """
+    return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
+
+
 def train(args: Args) -> dict:
     check_args(args)
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
@@ -376,6 +387,7 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
     envs = make_env(args)
     run_name = f"{args.env_id}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}__{int(time.time())}"
@@ -466,9 +478,7 @@ def train(args: Args) -> dict:
         if args.staleness == 0:
             b_recent_logits, b_recent_logps = b_logits, b_behav_logps
         else:
-            with torch.no_grad():
-                b_recent_logits = torch.cat([agent.get_logits(b_obs[start:start + minibatch_size])
-                                             for start in range(0, batch_size, minibatch_size)])
+            b_recent_logits = logits_in_chunks(agent, b_obs, recent_chunk_size)
             b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 

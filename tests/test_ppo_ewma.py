@@ -263,3 +263,14 @@ def test_training_loop_does_only_the_forward_passes_it_needs(tmp_path, monkeypat
     ppo_ewma.train(Args(exp_name="count", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
                         update_epochs=3, total_timesteps=16, ewma=ewma, cuda=False))
     assert sum(rows) == 16 + 2 + 48 + (48 if ewma else 0)
+
+
+def test_logits_in_chunks_gives_the_same_numbers_as_one_pass():
+    torch.manual_seed(0)
+    envs = type("Spaces", (), {"single_observation_space": ppo_ewma.gym.spaces.Box(0, 255, (64, 64, 3), "uint8"),
+                               "single_action_space": ppo_ewma.gym.spaces.Discrete(15)})()
+    agent = ppo_ewma.Agent(envs)
+    obs = torch.randint(0, 256, (10, 64, 64, 3), dtype=torch.uint8)
+    chunked = ppo_ewma.logits_in_chunks(agent, obs, chunk_size=4)  # chunks of 4, 4 and 2 rows
+    torch.testing.assert_close(chunked, agent.get_logits(obs), rtol=0, atol=1e-6)
+    assert not chunked.requires_grad
