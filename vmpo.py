@@ -492,12 +492,19 @@ def train(args: Args) -> dict:
     next_done = torch.zeros(args.num_envs, device=device)
 
     for iteration in range(1, num_iterations + 1):
+        # right after a sync (the default: at the end of every iteration) target == online, and one
+        # forward pass of the target gives both the action and the online value
+        in_sync = learning_steps % target_period == 0
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                step_pi = target_agent.get_pi(next_obs)  # the target network acts
-                values[step] = agent.get_value(next_obs)  # V_phi of the online network (Sec. 4.1)
+                if in_sync:
+                    step_pi, normalized_value = target_agent(next_obs)
+                    values[step] = target_agent.critic.unnormalize(normalized_value)
+                else:
+                    step_pi = target_agent.get_pi(next_obs)  # the target network acts
+                    values[step] = agent.get_value(next_obs)  # V_phi of the online network (Sec. 4.1)
             if agent.continuous:
                 action = torch.distributions.Normal(*step_pi).sample()
                 env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
@@ -554,11 +561,11 @@ def train(args: Args) -> dict:
                 kls = policy_kls(target_pi, new_pi)
                 kl_loss = sum(vmpo_kl_loss(kls[k], alphas[k], kl_bounds[k]) for k in alphas)
                 loss = v_loss + pg_loss + temperature_loss + kl_loss  # Eq. 10-11
-                for name, value in (("policy_loss", pg_loss), ("value_loss", v_loss),
-                                    ("temperature_loss", temperature_loss), ("kl_loss", kl_loss)):
-                    if not torch.isfinite(value):
-                        raise FloatingPointError(f"{name} is {value.item()} at iteration {iteration}; stopping.")
-                    stats[f"losses/{name}"].append(value.item())
+                parts = {"policy_loss": pg_loss, "value_loss": v_loss, "temperature_loss": temperature_loss,
+                         "kl_loss": kl_loss}
+                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
+                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
+                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -570,12 +577,14 @@ def train(args: Args) -> dict:
 
                 with torch.no_grad():
                     logratio = new_logp - target_logp
-                    stats["losses/entropy"].append(entropy.mean().item())
-                    stats["losses/approx_kl"].append(((logratio.exp() - 1) - logratio).mean().item())  # k3 to pi_target
+                    for name, value in parts.items():
+                        stats[f"losses/{name}"].append(value.detach())
+                    stats["losses/entropy"].append(entropy.mean())
+                    stats["losses/approx_kl"].append(((logratio.exp() - 1) - logratio).mean())  # k3 to pi_target
                     # KL[psi || uniform over D~], the quantity eps_eta bounds (dL_eta/deta = eps_eta - it)
-                    stats["kl/temperature"].append(torch.xlogy(weights, weights * top_k).sum().item())
+                    stats["kl/temperature"].append(torch.xlogy(weights, weights * top_k).sum())
                     for name in alphas:
-                        stats[f"kl/{name}"].append(kls[name].mean().item())
+                        stats[f"kl/{name}"].append(kls[name].mean().detach())
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
@@ -583,7 +592,7 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         writer.add_scalar("charts/SPS", sps, global_step)
         for tag, vals in stats.items():
-            writer.add_scalar(tag, float(np.mean(vals)), global_step)
+            writer.add_scalar(tag, torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         # each KL next to its bound; a multiplier rises while its bound is exceeded
         writer.add_scalar("kl/temperature_bound", args.eps_eta, global_step)

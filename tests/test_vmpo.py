@@ -216,3 +216,24 @@ def test_smoke_pendulum_with_truncation(monkeypatch, tmp_path):
                     env_id="Pendulum-v1", num_envs=2, num_steps=128, num_minibatches=2, total_timesteps=512,
                     gamma=0.99)
     assert math.isfinite(result["mean_return"])
+
+
+@pytest.mark.parametrize("target_period, expected_rows", [(0, 100), (3, 116)])
+def test_rollout_uses_one_forward_pass_while_target_equals_online(monkeypatch, tmp_path, target_period, expected_rows):
+    """Count rows through the torso. CartPole, N = 2, T = 8, B = 16, 2 minibatches, 1 epoch, 2 iterations.
+    Per iteration: rollout N*T per pass, bootstrap N, learning B (online) + B (target).
+    target_period 0 syncs after each iteration's 2 steps, so target == online in every rollout: 1 pass.
+    target_period 3 syncs after step 3 only: out of sync in iteration 2, but in sync at the start (step 0),
+    so the rollouts take 1 + 2 passes in all. Totals: 2*(16+2+32) = 100, and 100 + 16 = 116."""
+    monkeypatch.chdir(tmp_path)
+    rows = []
+    original_init = vmpo.Agent.__init__
+
+    def counting_init(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        self.torso.register_forward_pre_hook(lambda module, inputs: rows.append(inputs[0].shape[0]))
+
+    monkeypatch.setattr(vmpo.Agent, "__init__", counting_init)
+    vmpo.train(vmpo.Args(exp_name="count", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
+                         update_epochs=1, total_timesteps=32, target_period=target_period, cuda=False))
+    assert sum(rows) == expected_rows
