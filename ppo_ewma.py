@@ -486,7 +486,7 @@ def train(args: Args) -> dict:
             # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
-                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), device=device)
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
                     rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)

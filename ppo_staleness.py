@@ -407,7 +407,7 @@ def train(args: Args) -> dict:
     global_step, start_time, last_print = 0, time.time(), 0.0
     episode_returns = deque(maxlen=100)
     next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, device=device)
+    next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
 
     for iteration in range(1, num_iterations + 1):
@@ -434,10 +434,10 @@ def train(args: Args) -> dict:
             # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
-                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), device=device)
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
                     rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
-            next_obs = torch.as_tensor(next_obs_np, device=device)
+            next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
                 for i in np.flatnonzero(info["_episode"]):
