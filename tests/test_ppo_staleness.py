@@ -105,10 +105,8 @@ def test_check_args_rejects_a_queue_larger_than_ram():
         check_args(Args(staleness=1000))
 
 
-@pytest.mark.parametrize("staleness", [-1, 4])
-def test_check_args_rejects_negative_or_too_large_staleness(staleness):
-    # 4 * 32 = 128 steps per iteration, 512 steps: 4 iterations, so k = 4 never trains
-    args = Args(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=512, staleness=staleness)
+def test_check_args_rejects_negative_staleness():
+    args = Args(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=512, staleness=-1)
     with pytest.raises(SystemExit, match="--staleness"):
         check_args(args)
 
@@ -126,11 +124,13 @@ TRAIN_TAGS = ("losses/policy_loss", "losses/value_loss", "losses/entropy", "loss
 
 def test_smoke_cartpole_staleness_2(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    # 8 envs x 16 steps = 128 per iteration, 6 iterations: 2 of warm-up, then 4 trained on
+    # 8 envs x 16 steps = 128 per iteration; 512 steps = 4 trained iterations. The official code does not
+    # count the k = 2 warm-up rollouts, so the run collects 2 more: 6 x 128 = 768 env steps, 4 x 128 = 512 trained
     args = Args(env_id="CartPole-v1", num_envs=8, num_steps=16, num_minibatches=2, update_epochs=2,
-                gamma=0.99, total_timesteps=768, staleness=2, objective="decoupled", exp_name="smoke")
+                gamma=0.99, total_timesteps=512, staleness=2, objective="decoupled", exp_name="smoke")
     result = train(args)
-    assert result["global_step"] == 768  # warm-up steps count too
+    assert result["trained_steps"] == 512
+    assert result["global_step"] == 768
     assert "decoupled_k2" in result["run_dir"]
     logged = scalars(result["run_dir"])
     assert len(logged["charts/SPS"]) == 6
@@ -143,7 +143,7 @@ def test_smoke_procgen(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     # 2 envs x 16 steps = 32 per iteration, 4 iterations: 2 of warm-up, then 2 trained on
     args = Args(env_id="starpilot", num_envs=2, num_steps=16, num_minibatches=2, update_epochs=1,
-                total_timesteps=128, staleness=2, objective="recent", exp_name="smoke", save_model=True)
+                total_timesteps=64, staleness=2, objective="recent", exp_name="smoke", save_model=True)
     result = train(args)
     logged = scalars(result["run_dir"])
     for tag in TRAIN_TAGS:
