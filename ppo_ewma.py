@@ -466,6 +466,14 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
 
 
 # ------------------------------------------------------------------------------------- training
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
+
+
 def log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -593,11 +601,7 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
-            if args.shuffle_samples:
-                minibatches = torch.randperm(batch_size).chunk(args.num_minibatches)
-            else:  # the official layout: whole env trajectories
-                minibatches = minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
-            for mb_inds in minibatches:
+            for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
                 mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds], b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_logits, new_value = agent(mb_obs)

@@ -426,6 +426,14 @@ class Rollout(NamedTuple):
     next_done: torch.Tensor  # [N]
 
 
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
+
+
 def log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -562,11 +570,7 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
-            if args.shuffle_samples:
-                minibatches = torch.randperm(batch_size).chunk(args.num_minibatches)
-            else:  # the official layout: whole env trajectories
-                minibatches = minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
-            for mb_inds in minibatches:
+            for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
                 new_logits, new_value = agent(b_obs[mb_inds])
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])

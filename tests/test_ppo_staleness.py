@@ -5,6 +5,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import ppo_staleness
 from ppo_staleness import Args, StaleQueue, check_args, decoupled_clip_loss, queue_bytes, select_logps, train
 
 log = math.log
@@ -162,3 +163,21 @@ def test_staleness_zero_trains_identically_under_every_objective(tmp_path, monke
         losses[objective] = scalars(train(args)["run_dir"])["losses/policy_loss"]
     assert len(losses["recent"]) == 3
     assert losses["recent"] == losses["decoupled"] == losses["behavior"]
+
+
+def test_official_init_of_the_procgen_network():
+    # first conv of a stack 1.0, residual convs 6^(-1/4) = 0.6389, dense 1.4, heads 0.1; biases 0
+    class ProcgenLike:
+        single_observation_space = ppo_staleness.gym.spaces.Box(0, 255, (64, 64, 3), dtype="uint8")
+        single_action_space = ppo_staleness.gym.spaces.Discrete(15)
+
+    torch.manual_seed(0)
+    seen = set()
+    for name, module in ppo_staleness.Agent(ProcgenLike()).named_modules():
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            scale = 6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv") else 1.4 if name.endswith("fc") else 0.1
+            norms = torch.linalg.vector_norm(module.weight.flatten(1), dim=1)
+            torch.testing.assert_close(norms, torch.full_like(norms, scale), atol=1e-6, rtol=0)
+            assert torch.all(module.bias == 0), name
+            seen.add((type(module).__name__, round(scale, 4)))
+    assert seen == {("Conv2d", 1.0), ("Conv2d", 0.6389), ("Linear", 1.4), ("Linear", 0.1)}
