@@ -13,8 +13,10 @@ the behaviour policy (which collected the data k iterations ago). `--objective` 
     python ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --gamma 0.99 \\
         --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --total-timesteps 100000
 """
+import ctypes
 import math
 import os
+import platform
 import random
 import time
 from collections import defaultdict, deque
@@ -458,6 +460,16 @@ def logits_in_chunks(model, obs, chunk_size):
     return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
 def train(args: Args) -> dict:
     check_args(args)
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
@@ -467,6 +479,8 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        keep_freed_memory()
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
     envs = make_env(args)
@@ -508,7 +522,7 @@ def train(args: Args) -> dict:
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_logits, values[step] = agent(next_obs)
-            action = torch.distributions.Categorical(logits=step_logits).sample()
+            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
             actions[step], logits[step] = action, step_logits
             behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
 
