@@ -34,14 +34,19 @@ def read_scalars(run_dir, tag):
     return np.array([s.step for s in scalars], float), np.array([s.value for s in scalars], float)
 
 
+def natural_key(name):
+    """Sort "k2" before "k16": digit runs compare as numbers."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def group_runs(run_dirs, pattern):
-    """{variant: [run_dir, ...]}; a run whose name does not match is skipped."""
+    """{variant: [run_dir, ...]} in natural order of the variants; a run whose name does not match is skipped."""
     groups = defaultdict(list)
     for run_dir in sorted(run_dirs):
         match = re.search(pattern, os.path.basename(os.path.normpath(run_dir)))
         if match:
             groups[match.group(1)].append(run_dir)
-    return dict(groups)
+    return {name: groups[name] for name in sorted(groups, key=natural_key)}
 
 
 def binned_curve(steps, values, edges):
@@ -69,6 +74,23 @@ def mean_std(x):
 def final_table(finals, window):
     lines = [f"| variant | seeds | final return (last {window:.0%} of steps), mean +- std over seeds |", "|---|---:|---:|"]
     lines += [f"| {name} | {len(x)} | {mean_std(x)} |" for name, x in finals.items()]
+    return "\n".join(lines)
+
+
+def pivot_table(finals, pivot_regex):
+    """Final returns as a grid: rows and columns are the two groups of pivot_regex in each variant's name."""
+    cells, rows, cols = {}, [], []
+    for name, x in finals.items():
+        match = re.search(pivot_regex, name)
+        if match:
+            row, col = match.group(1), match.group(2)
+            cells[row, col] = x
+            rows += [row] if row not in rows else []
+            cols += [col] if col not in cols else []
+    cols.sort(key=natural_key)
+    lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
+    for row in rows:
+        lines.append(f"| {row} | " + " | ".join(mean_std(cells[row, col]) if (row, col) in cells else "" for col in cols) + " |")
     return "\n".join(lines)
 
 
@@ -121,6 +143,7 @@ def main(argv=None):
     parser.add_argument("--tag", default="charts/episodic_return")
     parser.add_argument("--window", type=float, default=0.1, help="final fraction of steps that the table averages")
     parser.add_argument("--divisor-regex", help="regex whose group 1 is the batch divisor c in a variant's name")
+    parser.add_argument("--pivot", help="regex with two groups (row, column) of a variant's name: print a grid")
     parser.add_argument("--out", help="PNG to write (no plot without it)")
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
@@ -129,6 +152,9 @@ def main(argv=None):
         raise SystemExit(f"no run directory under {args.runs} matches --group {args.group!r}")
     finals = summarize(groups, args.tag, args.window)
     print(final_table(finals, args.window))
+    if args.pivot:
+        print()
+        print(pivot_table(finals, args.pivot))
     if args.divisor_regex:
         print()
         print(invariance_table(finals, args.divisor_regex))

@@ -60,3 +60,10 @@ def test_binned_curve_means_per_bin():
 def test_no_matching_run_is_an_error(tmp_path):
     with pytest.raises(SystemExit, match="no run directory"):
         plot.main([str(tmp_path)])
+
+
+def test_pivot_grid_in_natural_order(runs, capsys):
+    # rows "a", columns "c1", "c4" from the variant names a_c1, a_c4; same numbers as above (window 0.5)
+    plot.main([str(runs), "--window", "0.5", "--pivot", r"^(\w)_(c\d+)$"])
+    assert "| | c1 | c4 |\n|---|---:|---:|\n| a | 35.0 +- 10.0 | 12.5 +- 2.5 |" in capsys.readouterr().out
+    assert plot.natural_key("k16") > plot.natural_key("k2")
