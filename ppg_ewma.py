@@ -23,6 +23,7 @@ import math
 import os
 import platform
 import random
+import sys
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Literal, Optional
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from torch.utils.tensorboard import SummaryWriter
@@ -65,7 +67,7 @@ class Args:
     total_timesteps: int = 100_000_000
     """total environment steps (the paper: 100M)"""
     num_envs: int = 256
-    """parallel environments N (the paper: 4 workers x 64)"""
+    """parallel environments N, the total over all torchrun workers (the paper: 4 workers x 64)"""
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
@@ -121,7 +123,10 @@ class Args:
     """auxiliary-phase epochs E_aux"""
     aux_minibatch_size: int = 4096
     """auxiliary-phase minibatch size in samples, made of whole trajectories like the official code's (16 of
-    T = 256 steps: its 4 per worker x 4 workers); kept under --batch-divisor (Appendix B)"""
+    T = 256 steps: its 4 per worker x 4 workers); kept under --batch-divisor (Appendix B). The total over torchrun
+    workers: each of W takes aux_minibatch_size / W from its own phase buffer (the official 4 trajectories at W = 4),
+    so W changes nothing. The paper's 1-worker runs (--batch-divisor 4 and up) kept 4 trajectories per worker
+    instead: add --aux-minibatch-size 1024 --aux-learning-rate 2.5e-4 for them"""
     aux_learning_rate: float = 5e-4
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
@@ -154,7 +159,8 @@ def apply_batch_divisor(args: Args) -> Args:
     The auxiliary phase is left alone (Appendix B): with N_pi x c its buffer holds the same samples,
     and it keeps its absolute minibatch size and step size, so it runs exactly as at the default size.
     (The paper kept the minibatch per worker: going from 4 workers to 1 shrank the aux minibatch 4x, for
-    which it halved the aux step size. A single process has no workers, so neither changes here.)
+    which it halved the aux step size. Here --aux-minibatch-size is the total over the torchrun workers, so
+    neither changes with the number of workers either.)
     """
     c = args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
@@ -599,6 +605,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
                 raise FloatingPointError(f"aux_loss is not finite at iteration {iteration}; stopping.")
             optimizer.zero_grad()
             loss.backward()
+            average_gradients(policy, value_net)  # torchrun: each worker's minibatch comes from its own buffer
             optimizer.step()
 
             with torch.no_grad():
@@ -664,10 +671,12 @@ def train(args: Args) -> dict:
     raw_args, args = args, apply_batch_divisor(args)
     check_args(args)
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    rank, world_size = start_workers(args)  # torchrun: join the other workers (see the last section)
     ewma_decay = com_to_decay(args.ewma_com)
     if args.batch_divisor != 1:
         print(f"--batch-divisor {args.batch_divisor}:\n{hyperparameter_changes(raw_args, args)}")
 
+    args = worker_share(args, rank, world_size)  # torchrun: this worker's num_envs / W envs and its own seed
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -680,13 +689,14 @@ def train(args: Args) -> dict:
     envs = make_env(args)
     run_name = f"{args.env_id}__{args.exp_name}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
     table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
     if args.batch_divisor != 1:
         writer.add_text("batch_divisor", hyperparameter_changes(raw_args, args).replace("\n", "  \n"))
 
     policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
+    broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
     ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None
     ewma_weight = 1.0  # w of Appendix A: theta_prox <- theta, w <- 1
     parameters = list(policy.parameters()) + list(value_net.parameters())
@@ -727,8 +737,9 @@ def train(args: Args) -> dict:
                 ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)
         obs = phase_obs[phase_iteration]
         bootstraps.zero_()
+        episodes = []  # (step, return, length) of each episode that ends in this rollout
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_obs = next_obs.to(device)
@@ -749,9 +760,11 @@ def train(args: Args) -> dict:
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
                 for i in np.flatnonzero(info["_episode"]):
-                    episode_returns.append(float(info["episode"]["r"][i]))
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
+                    episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
+        for episode_step, episode_return, episode_length in gather_episodes(episodes):  # torchrun: all workers'
+            episode_returns.append(episode_return)
+            writer.add_scalar("charts/episodic_return", episode_return, episode_step)
+            writer.add_scalar("charts/episodic_length", episode_length, episode_step)
 
         with torch.no_grad():
             next_value = value_net(next_obs.to(device))
@@ -766,7 +779,7 @@ def train(args: Args) -> dict:
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
-            adv_moments.update(b_advantages)
+            adv_moments.update(global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
@@ -796,6 +809,7 @@ def train(args: Args) -> dict:
 
                 optimizer.zero_grad()
                 loss.backward()
+                average_gradients(policy)  # torchrun: the mean gradient of all workers' minibatches
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -820,6 +834,7 @@ def train(args: Args) -> dict:
                     raise FloatingPointError(f"value_loss is not finite at iteration {iteration}; stopping.")
                 optimizer.zero_grad()
                 (args.vf_coef * v_loss).backward()
+                average_gradients(value_net)  # torchrun
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -857,11 +872,120 @@ def train(args: Args) -> dict:
             last_print = time.time()
             print(f"step {global_step:>10}  mean_return {mean_return:8.2f}  SPS {sps}")
 
-    if args.save_model:
+    if args.save_model and rank == 0:
         torch.save({"policy": policy.state_dict(), "value": value_net.state_dict()}, os.path.join(run_dir, "model.pt"))
     envs.close()
     writer.close()
+    stop_workers()
     return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+
+
+# ---------------------------------------------------- distributed workers (torchrun): not part of the algorithm
+# `torchrun --nproc_per_node W ppg_ewma.py ...` runs W copies of this script, one per GPU (several machines: torchrun's
+# --nnodes and --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed,
+# normalizes its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so
+# their weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
+# moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.
+def start_workers(args: Args) -> tuple[int, int]:
+    """Under torchrun: check the split, join the other workers (NCCL with one GPU each when CUDA is used, Gloo on
+    CPU), silence stdout on ranks > 0, and return (rank, W). In a single process: (0, 1), and nothing is done."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world_size == 1:
+        return 0, 1
+    if args.num_envs % world_size != 0:
+        raise SystemExit(f"--num-envs {args.num_envs} is the total over all workers, so it must be a multiple of "
+                         f"the {world_size} torchrun workers.")
+    if args.aux_minibatch_size % world_size != 0:
+        raise SystemExit(f"--aux-minibatch-size {args.aux_minibatch_size} is the total over all workers, so it must be "
+                         f"a multiple of the {world_size} torchrun workers.")
+    try:
+        check_args(worker_share(args, rank, world_size))  # e.g. the minibatches now split each worker's envs
+    except SystemExit as error:
+        raise SystemExit(f"With {world_size} torchrun workers each one runs {args.num_envs // world_size} of the "
+                         f"--num-envs {args.num_envs} envs: {error}") from None
+    cuda = torch.cuda.is_available() and args.cuda
+    if cuda:
+        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if local_size > torch.cuda.device_count():
+            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
+                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
+        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")
+    return rank, world_size
+
+
+def worker_share(args: Args, rank: int, world_size: int) -> Args:
+    """This worker's Args: num_envs / W envs and seed + rank * num_envs / W (a Gymnasium vector env seeds its env i
+    with seed + i, so the W workers together step the very envs of a single process), and auxiliary minibatches of
+    aux_minibatch_size / W samples from its own phase buffer."""
+    if world_size == 1:
+        return args
+    num_envs = args.num_envs // world_size
+    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs,
+                               aux_minibatch_size=args.aux_minibatch_size // world_size)
+
+
+class NoWriter:
+    """The SummaryWriter of the workers other than rank 0: it writes nothing."""
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    add_text = add_scalar
+
+    def close(self):
+        pass
+
+
+@torch.no_grad()
+def broadcast_weights(*modules):
+    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
+    if dist.is_initialized():
+        params = [p for module in modules for p in module.parameters()]
+        flat = torch.cat([p.reshape(-1) for p in params])
+        dist.broadcast(flat, src=0)
+        for param, new in zip(params, flat.split([p.numel() for p in params])):
+            param.copy_(new.view_as(param))
+
+
+@torch.no_grad()
+def average_gradients(*modules):
+    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
+    equal share of the minibatch, so this is the gradient of the whole minibatch."""
+    if dist.is_initialized():
+        grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)  # sum over workers
+        flat /= dist.get_world_size()
+        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
+            grad.copy_(mean.view_as(grad))
+
+
+def global_batch(x):
+    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
+    if not dist.is_initialized():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def gather_episodes(episodes):
+    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
+    logged after a smaller step). Single process: the list itself."""
+    if not dist.is_initialized():
+        return episodes
+    lists = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, episodes)
+    return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
+
+
+def stop_workers():
+    """Leave the group of workers (single process: nothing to do)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
