@@ -14,10 +14,12 @@ the behaviour policy (which collected the data k iterations ago). `--objective` 
         --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --total-timesteps 100000
 """
 import ctypes
+import dataclasses
 import math
 import os
 import platform
 import random
+import sys
 import time
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from typing import Literal, NamedTuple, Optional
 import gymnasium as gym
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import tyro
 from torch.utils.tensorboard import SummaryWriter
@@ -60,7 +63,7 @@ class Args:
     total_timesteps: int = 100_000_000
     """total environment steps, warm-up included (the paper: 100M)"""
     num_envs: int = 256
-    """parallel environments N (the paper: 4 workers x 64)"""
+    """parallel environments N, the total over all torchrun workers (the paper: 4 workers x 64)"""
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
@@ -473,7 +476,9 @@ def keep_freed_memory():
 def train(args: Args) -> dict:
     check_args(args)
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    rank, world_size = start_workers(args)  # torchrun: join the other workers (see the last section)
 
+    args = worker_share(args, rank, world_size)  # torchrun: this worker's num_envs / W envs and its own seed
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
@@ -486,11 +491,12 @@ def train(args: Args) -> dict:
     envs = make_env(args)
     run_name = f"{args.env_id}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}__{int(time.time())}"
     run_dir = os.path.join("runs", run_name)
-    writer = SummaryWriter(run_dir)
+    writer = SummaryWriter(run_dir) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
     table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
     writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
 
     agent = Agent(envs).to(device)
+    broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     queue = StaleQueue(args.staleness)
@@ -517,8 +523,9 @@ def train(args: Args) -> dict:
         dones = torch.zeros((args.num_steps, args.num_envs), device=device)
         values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
+        episodes = []  # (step, return, length) of each episode that ends in this rollout
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_logits, values[step] = agent(next_obs)
@@ -538,9 +545,11 @@ def train(args: Args) -> dict:
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
                 for i in np.flatnonzero(info["_episode"]):
-                    episode_returns.append(float(info["episode"]["r"][i]))
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
+                    episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
+        for episode_step, episode_return, episode_length in gather_episodes(episodes):  # torchrun: all workers'
+            episode_returns.append(episode_return)
+            writer.add_scalar("charts/episodic_return", episode_return, episode_step)
+            writer.add_scalar("charts/episodic_length", episode_length, episode_step)
 
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/SPS", sps, global_step)
@@ -571,7 +580,8 @@ def train(args: Args) -> dict:
         b_behav_logps, b_advantages = stale.behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), stale.values.reshape(-1)
         if args.norm_adv:  # full-batch normalization (the EwmaMoments of ppo_ewma.py with span 1)
-            b_advantages = (b_advantages - b_advantages.mean()) / (b_advantages.std(unbiased=False) + 1e-8)
+            all_advantages = global_batch(b_advantages)  # torchrun: all workers' advantages
+            b_advantages = (b_advantages - all_advantages.mean()) / (all_advantages.std(unbiased=False) + 1e-8)
 
         # pi_recent: the weights before this iteration's updates, computed once and held fixed.
         # With k = 0 they are the weights that just collected the rollout: pi_recent = pi_behav.
@@ -603,6 +613,7 @@ def train(args: Args) -> dict:
 
                 optimizer.zero_grad()
                 loss.backward()
+                average_gradients(agent)  # torchrun: the mean gradient of all workers' minibatches
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -627,12 +638,116 @@ def train(args: Args) -> dict:
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
 
-    if args.save_model:
+    if args.save_model and rank == 0:
         torch.save(agent.state_dict(), os.path.join(run_dir, "model.pt"))
     envs.close()
     writer.close()
+    stop_workers()
     return {"global_step": global_step, "trained_steps": trained_steps, "sps": sps, "mean_return": mean_return,
             "run_dir": run_dir}
+
+
+# ---------------------------------------------------- distributed workers (torchrun): not part of the algorithm
+# `torchrun --nproc_per_node W ppo_staleness.py ...` runs W copies of this script, one per GPU (several machines: torchrun's
+# --nnodes and --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed,
+# normalizes its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so
+# their weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
+# moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.
+def start_workers(args: Args) -> tuple[int, int]:
+    """Under torchrun: check the split, join the other workers (NCCL with one GPU each when CUDA is used, Gloo on
+    CPU), silence stdout on ranks > 0, and return (rank, W). In a single process: (0, 1), and nothing is done."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world_size == 1:
+        return 0, 1
+    if args.num_envs % world_size != 0:
+        raise SystemExit(f"--num-envs {args.num_envs} is the total over all workers, so it must be a multiple of "
+                         f"the {world_size} torchrun workers.")
+    try:
+        check_args(worker_share(args, rank, world_size))  # e.g. the minibatches now split each worker's envs
+    except SystemExit as error:
+        raise SystemExit(f"With {world_size} torchrun workers each one runs {args.num_envs // world_size} of the "
+                         f"--num-envs {args.num_envs} envs: {error}") from None
+    cuda = torch.cuda.is_available() and args.cuda
+    if cuda:
+        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if local_size > torch.cuda.device_count():
+            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
+                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
+        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")
+    return rank, world_size
+
+
+def worker_share(args: Args, rank: int, world_size: int) -> Args:
+    """This worker's Args: num_envs / W envs and seed + rank * num_envs / W. A Gymnasium vector env seeds its env i
+    with seed + i, so the W workers together step the very envs of a single process."""
+    if world_size == 1:
+        return args
+    num_envs = args.num_envs // world_size
+    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
+
+
+class NoWriter:
+    """The SummaryWriter of the workers other than rank 0: it writes nothing."""
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    add_text = add_scalar
+
+    def close(self):
+        pass
+
+
+@torch.no_grad()
+def broadcast_weights(*modules):
+    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
+    if dist.is_initialized():
+        params = [p for module in modules for p in module.parameters()]
+        flat = torch.cat([p.reshape(-1) for p in params])
+        dist.broadcast(flat, src=0)
+        for param, new in zip(params, flat.split([p.numel() for p in params])):
+            param.copy_(new.view_as(param))
+
+
+@torch.no_grad()
+def average_gradients(*modules):
+    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
+    equal share of the minibatch, so this is the gradient of the whole minibatch."""
+    if dist.is_initialized():
+        grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)  # sum over workers
+        flat /= dist.get_world_size()
+        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
+            grad.copy_(mean.view_as(grad))
+
+
+def global_batch(x):
+    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
+    if not dist.is_initialized():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def gather_episodes(episodes):
+    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
+    logged after a smaller step). Single process: the list itself."""
+    if not dist.is_initialized():
+        return episodes
+    lists = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, episodes)
+    return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
+
+
+def stop_workers():
+    """Leave the group of workers (single process: nothing to do)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
