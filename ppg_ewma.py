@@ -902,7 +902,8 @@ def start_workers(args: Args) -> tuple[int, int]:
         check_args(worker_share(args, rank, world_size))  # e.g. the minibatches now split each worker's envs
     except SystemExit as error:
         raise SystemExit(f"With {world_size} torchrun workers each one runs {args.num_envs // world_size} of the "
-                         f"--num-envs {args.num_envs} envs: {error}") from None
+                         f"--num-envs {args.num_envs} envs and takes {args.aux_minibatch_size // world_size} of the "
+                         f"--aux-minibatch-size {args.aux_minibatch_size} samples: {error}") from None
     cuda = torch.cuda.is_available() and args.cuda
     if cuda:
         local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
