@@ -1,0 +1,248 @@
+"""torchrun workers of ppo_ewma.py, ppg_ewma.py and ppo_staleness.py: two CPU processes joined with Gloo.
+
+The two processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT on a free local port), so the scripts' own start_workers() joins them, as under
+`torchrun --standalone --nproc_per_node 2`.
+"""
+import copy
+import glob
+import importlib
+import math
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import ppg_ewma
+import ppo_ewma
+import ppo_staleness
+
+SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness")
+# CartPole, 8 envs in total (2 workers x 4), one trained iteration of 8 x 32 steps; 4 minibatches per worker
+TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4, gamma=0.99, total_timesteps=256, cuda=False)
+CONFIGS = {
+    "ppo_ewma": TINY,
+    "ppg_ewma": dict(TINY, n_pi=1, aux_minibatch_size=64),  # the aux phase runs after the one iteration
+    "ppo_staleness": dict(TINY, staleness=1),  # one warm-up rollout, then one trained iteration
+}
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def as_torchrun_worker(rank, port, fn, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
+    torch.set_num_threads(1)
+    fn(rank, *args)
+
+
+def run_two_workers(fn, *args, timeout=120):
+    """fn(rank, *args) in 2 fresh processes; an assertion that fails in either one fails the test."""
+    context = mp.start_processes(as_torchrun_worker, args=(free_port(), fn, args), nprocs=2, join=False,
+                                 start_method="fork")
+    deadline = time.time() + timeout
+    while not context.join(timeout=1.0):  # raises if a worker failed
+        if time.time() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the two workers did not finish within {timeout} s")
+
+
+# -------------------------------------------------------------------------- one iteration, two workers
+def train_and_save_networks(rank, name, out_dir):
+    """Train with the script's own train(); save every network it trained (and the EWMA) to rank{rank}.pt."""
+    module = importlib.import_module(name)
+    os.chdir(out_dir)
+    seen = {"local_episodes": 0, "gathered_episodes": 0}
+    broadcast, update_ewma, gather_episodes = module.broadcast_weights, getattr(module, "update_ewma", None), module.gather_episodes
+    global_batch = module.global_batch
+
+    def remember_networks(*modules):
+        seen["networks"] = modules
+        broadcast(*modules)
+
+    def remember_ewma(ewma_model, model, weight, decay):
+        seen["ewma"] = ewma_model
+        return update_ewma(ewma_model, model, weight, decay)
+
+    def count_episodes(episodes):
+        gathered = gather_episodes(episodes)
+        seen["local_episodes"] += len(episodes)
+        seen["gathered_episodes"] += len(gathered)
+        return gathered
+
+    def remember_advantages(advantages):
+        seen["advantages"], seen["global_advantages"] = advantages.clone(), global_batch(advantages)
+        return seen["global_advantages"]
+
+    module.broadcast_weights, module.gather_episodes, module.global_batch = remember_networks, count_episodes, remember_advantages
+    if update_ewma is not None:
+        module.update_ewma = remember_ewma
+    result = module.train(module.Args(exp_name=name, **CONFIGS[name]))
+    weights = {f"{i}.{k}": v for i, net in enumerate(seen["networks"]) for k, v in net.state_dict().items()}
+    if "ewma" in seen:
+        weights.update({f"ewma.{k}": v for k, v in seen["ewma"].state_dict().items()})
+    torch.save({"weights": weights, "result": result, **{k: v for k, v in seen.items() if "networks" not in k and k != "ewma"}},
+               os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
+    run_two_workers(train_and_save_networks, name, str(tmp_path))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    assert rank0["weights"].keys() == rank1["weights"].keys()
+    assert any(k.startswith("ewma.") for k in rank0["weights"]) == (name != "ppo_staleness")
+    for key, value in rank0["weights"].items():  # bit for bit: the averaged gradients are the same on both
+        assert torch.equal(value, rank1["weights"][key]), key
+    # global steps count both workers' envs: 8 envs x 32 steps (+ the warm-up rollout of ppo_staleness)
+    assert rank0["result"]["global_step"] == rank1["result"]["global_step"] == (512 if name == "ppo_staleness" else 256)
+    # both workers' episodes reach both workers' statistics, and rank 0's TensorBoard
+    assert rank0["gathered_episodes"] == rank1["gathered_episodes"] == rank0["local_episodes"] + rank1["local_episodes"]
+    assert rank0["local_episodes"] > 0 and rank1["local_episodes"] > 0
+    np.testing.assert_equal(rank0["result"]["mean_return"], rank1["result"]["mean_return"])
+    # advantages are normalized with the moments of both workers' advantages, concatenated in rank order
+    both = torch.cat([rank0["advantages"], rank1["advantages"]])
+    assert torch.equal(rank0["global_advantages"], both) and torch.equal(rank1["global_advantages"], both)
+    runs = glob.glob(str(tmp_path / "runs" / "*"))
+    assert runs == [os.path.join(str(tmp_path), rank0["result"]["run_dir"])]  # only rank 0 writes a run dir
+    events = EventAccumulator(runs[0])
+    events.Reload()
+    assert len(events.Scalars("charts/episodic_return")) == rank0["gathered_episodes"]
+    if name != "ppo_staleness":  # span 1: the logged EWMA moments are this batch's
+        assert events.Scalars("charts/adv_mean")[-1].value == pytest.approx(both.mean().item(), abs=1e-6)
+        assert events.Scalars("charts/adv_std")[-1].value == pytest.approx(both.std(unbiased=False).item(), rel=1e-5)
+
+
+# ------------------------------------------------------------------ gradient and moment equivalences
+class CartPoleSpaces:
+    single_observation_space = ppo_ewma.gym.spaces.Box(-5.0, 5.0, (4,), dtype=np.float32)
+    single_action_space = ppo_ewma.gym.spaces.Discrete(2)
+
+
+# a hand-made batch of 8 samples: worker 0 gets the first 4, worker 1 the last 4
+OBS = torch.tensor([[0.1, 0.0, -0.2, 0.3], [-0.4, 0.5, 0.1, 0.0], [0.2, -0.3, 0.0, 0.6], [0.0, 0.1, 0.3, -0.5],
+                    [0.7, -0.1, -0.4, 0.2], [-0.2, -0.6, 0.2, 0.1], [0.3, 0.4, -0.1, -0.3], [-0.5, 0.2, 0.5, 0.4]])
+ACTIONS = torch.tensor([0, 1, 1, 0, 1, 0, 0, 1])
+ADVANTAGES = torch.tensor([1.0, -0.5, 2.0, 0.3, -1.2, 0.7, -0.1, 1.5])
+RETURNS = torch.tensor([0.5, 1.0, -0.3, 2.0, 0.0, 1.5, -1.0, 0.8])
+BEHAV_LOGP = torch.log(torch.tensor([0.5, 0.45, 0.55, 0.5, 0.6, 0.4, 0.5, 0.52]))
+PROX_LOGP = torch.log(torch.tensor([0.52, 0.44, 0.56, 0.49, 0.58, 0.42, 0.51, 0.5]))
+
+
+def ppo_ewma_loss(agent, inds):
+    """PPO-EWMA's total loss (decoupled clip, entropy, c_VF * MSE) on the samples inds: a mean over them."""
+    logits, values = agent(OBS[inds])
+    logp, entropy = ppo_ewma.log_prob_and_entropy(logits, ACTIONS[inds])
+    pg_loss = ppo_ewma.decoupled_clip_loss(logp, PROX_LOGP[inds], BEHAV_LOGP[inds], ADVANTAGES[inds], 0.2)
+    return pg_loss - 0.01 * entropy.mean() + 0.5 * ppo_ewma.value_loss(values, RETURNS[inds])
+
+
+def compare_half_batch_updates(rank):
+    dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    agent = ppo_ewma.Agent(CartPoleSpaces())
+    one_process = copy.deepcopy(agent)  # one process, the whole batch
+    ppo_ewma_loss(one_process, torch.arange(8)).backward()
+    for module in (ppo_ewma, ppg_ewma, ppo_staleness):  # each script's own copy of the helper
+        worker = copy.deepcopy(agent)  # this worker's half of the batch
+        ppo_ewma_loss(worker, torch.arange(4 * rank, 4 * rank + 4)).backward()
+        module.average_gradients(worker)
+        # the mean over 8 samples is the average of the two means over 4
+        for p, q in zip(one_process.parameters(), worker.parameters()):
+            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
+        # so one SGD step (the update is proportional to the gradient) lands on the same weights
+        single_step, worker_step = copy.deepcopy(one_process), copy.deepcopy(worker)
+        for net in (single_step, worker_step):
+            torch.optim.SGD(net.parameters(), lr=0.1).step()
+        for p, q in zip(single_step.parameters(), worker_step.parameters()):
+            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7)
+    dist.destroy_process_group()
+
+
+def test_averaged_gradient_of_two_halves_is_the_whole_batch_gradient():
+    run_two_workers(compare_half_batch_updates)
+
+
+def compare_global_moments(rank):
+    dist.init_process_group("gloo")
+    # worker 0 and worker 1 hold different halves of each iteration's advantages
+    first = {0: torch.tensor([1.0, 2.0, 3.0, 4.0]), 1: torch.tensor([-2.0, 0.0, 6.0, 8.0])}[rank]
+    second = {0: torch.tensor([0.0, 0.0, 1.0, 1.0]), 1: torch.tensor([2.0, 2.0, 3.0, 3.0])}[rank]
+    assert ppo_ewma.global_batch(first).tolist() == [1.0, 2.0, 3.0, 4.0, -2.0, 0.0, 6.0, 8.0]  # rank order
+    moments = ppo_ewma.EwmaMoments(ppo_ewma.span_to_decay(3.0))  # decay 1 - 2/4 = 0.5
+    moments.update(ppg_ewma.global_batch(first))
+    # concatenation [1, 2, 3, 4, -2, 0, 6, 8]: mean 22/8 = 2.75; E[x^2] = 134/8 = 16.75, var = 16.75 - 2.75^2 = 9.1875
+    assert moments.mean == pytest.approx(2.75) and moments.std == pytest.approx(math.sqrt(9.1875))
+    moments.update(ppo_ewma.global_batch(second))
+    # [0, 0, 1, 1, 2, 2, 3, 3]: mean 1.5, E[x^2] 3.5. w = 0.5*8 + 8 = 12, s = 0.5*8*2.75 + 8*1.5 = 23,
+    # q = 0.5*8*16.75 + 8*3.5 = 95: mean 23/12, var 95/12 - (23/12)^2 = 4.2431
+    assert moments.mean == pytest.approx(23 / 12) and moments.std == pytest.approx(math.sqrt(95 / 12 - (23 / 12) ** 2))
+    reference = ppo_ewma.EwmaMoments(0.5)  # one process, the concatenated batches
+    for batch in ([1.0, 2.0, 3.0, 4.0, -2.0, 0.0, 6.0, 8.0], [0.0, 0.0, 1.0, 1.0, 2.0, 2.0, 3.0, 3.0]):
+        reference.update(torch.tensor(batch))
+    assert (moments.mean, moments.std) == pytest.approx((reference.mean, reference.std))
+    # ppo_staleness normalizes with the batch's own mean and std: those of all 8 advantages
+    all_advantages = ppo_staleness.global_batch(first)
+    assert (all_advantages.mean().item(), all_advantages.std(unbiased=False).item()) == pytest.approx((2.75, math.sqrt(9.1875)))
+    dist.destroy_process_group()
+
+
+def test_advantage_moments_are_those_of_the_concatenated_batch():
+    run_two_workers(compare_global_moments)
+
+
+# ------------------------------------------------------------------------ the split over workers
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_workers_that_do_not_divide_num_envs_stop_with_one_sentence(tmp_path, monkeypatch, name):
+    module = importlib.import_module(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    with pytest.raises(SystemExit, match=r"^--num-envs 8 is the total over all workers, so it must be a multiple "
+                                         r"of the 3 torchrun workers\.$"):
+        module.train(module.Args(**CONFIGS[name]))
+    # 6 envs, 2 minibatches of whole trajectories: fine in one process, but 3 envs per worker do not split in 2
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(SystemExit, match="With 2 torchrun workers each one runs 3 of the --num-envs 6 envs.*"
+                                         "--num-minibatches 2 must divide --num-envs 3"):
+        module.train(module.Args(**dict(CONFIGS[name], num_envs=6, num_minibatches=2)))
+    assert not os.path.exists("runs")  # stopped before any work
+
+
+def test_ppg_aux_minibatch_is_split_over_the_workers(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    args = ppg_ewma.Args(**CONFIGS["ppg_ewma"])
+    # 64 samples per aux minibatch in total: 32 from each worker's own phase buffer (one trajectory of 32 steps)
+    assert ppg_ewma.worker_share(args, 1, 2).aux_minibatch_size == 32
+    # 3 samples divide the phase of 3 x 8 x 32 = 768 (one process is fine) but not the 2 workers
+    with pytest.raises(SystemExit, match=r"^--aux-minibatch-size 3 is the total over all workers, so it must be a "
+                                         r"multiple of the 2 torchrun workers\.$"):
+        ppg_ewma.train(ppg_ewma.Args(**dict(CONFIGS["ppg_ewma"], n_pi=3, aux_minibatch_size=3, shuffle_samples=True)))
+    assert not os.path.exists("runs")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
+    module = importlib.import_module(name)
+    args = module.Args(**CONFIGS[name])
+    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1, or no torchrun: nothing changes
+    assert module.start_workers(args) == (0, 1) and not dist.is_initialized()
+    assert module.worker_share(args, 0, 1) is args
+    # worker r gets 4 envs and seed 1 + 4 r; Gymnasium seeds env i with seed + i: envs 1-4 and 5-8, as one process
+    shares = [module.worker_share(args, rank, 2) for rank in (0, 1)]
+    assert [(share.num_envs, share.seed) for share in shares] == [(4, 1), (4, 5)]
+    one_process = module.make_env(args).reset(seed=args.seed)[0]
+    workers = np.concatenate([module.make_env(share).reset(seed=share.seed)[0] for share in shares])
+    np.testing.assert_array_equal(workers, one_process)
