@@ -697,8 +697,8 @@ def train(args: Args) -> dict:
 
 
 # ---------------------------------------------------- distributed workers (torchrun): not part of the algorithm
-# `torchrun --nproc_per_node W ppo_ewma.py ...` runs W copies of this script, one per GPU (several machines: torchrun's
-# --nnodes and --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed,
+# `torchrun --nproc_per_node W` runs W copies of this script, one per GPU (several machines: torchrun's --nnodes
+# and --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed,
 # normalizes its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so
 # their weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
 # moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.

@@ -2,7 +2,8 @@
 
 The two processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT on a free local port), so the scripts' own start_workers() joins them, as under
-`torchrun --standalone --nproc_per_node 2`.
+`torchrun --standalone --nproc_per_node 2`. They are forked, so they inherit the imported modules: about
+4 s a test on 2 busy cores, against 10 s for freshly spawned interpreters.
 """
 import copy
 import glob
@@ -25,7 +26,8 @@ import ppo_staleness
 
 SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness")
 # CartPole, 8 envs in total (2 workers x 4), one trained iteration of 8 x 32 steps; 4 minibatches per worker
-TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4, gamma=0.99, total_timesteps=256, cuda=False)
+TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4, gamma=0.99, total_timesteps=256,
+            cuda=False)
 CONFIGS = {
     "ppo_ewma": TINY,
     "ppg_ewma": dict(TINY, n_pi=1, aux_minibatch_size=64),  # the aux phase runs after the one iteration
@@ -47,7 +49,7 @@ def as_torchrun_worker(rank, port, fn, args):
 
 
 def run_two_workers(fn, *args, timeout=120):
-    """fn(rank, *args) in 2 fresh processes; an assertion that fails in either one fails the test."""
+    """fn(rank, *args) in 2 forked processes; an assertion that fails in either one fails the test."""
     context = mp.start_processes(as_torchrun_worker, args=(free_port(), fn, args), nprocs=2, join=False,
                                  start_method="fork")
     deadline = time.time() + timeout
@@ -64,8 +66,8 @@ def train_and_save_networks(rank, name, out_dir):
     module = importlib.import_module(name)
     os.chdir(out_dir)
     seen = {"local_episodes": 0, "gathered_episodes": 0}
-    broadcast, update_ewma, gather_episodes = module.broadcast_weights, getattr(module, "update_ewma", None), module.gather_episodes
-    global_batch = module.global_batch
+    broadcast, update_ewma = module.broadcast_weights, getattr(module, "update_ewma", None)
+    gather_episodes, global_batch = module.gather_episodes, module.global_batch
 
     def remember_networks(*modules):
         seen["networks"] = modules
@@ -85,15 +87,16 @@ def train_and_save_networks(rank, name, out_dir):
         seen["advantages"], seen["global_advantages"] = advantages.clone(), global_batch(advantages)
         return seen["global_advantages"]
 
-    module.broadcast_weights, module.gather_episodes, module.global_batch = remember_networks, count_episodes, remember_advantages
+    module.broadcast_weights, module.gather_episodes = remember_networks, count_episodes
+    module.global_batch = remember_advantages
     if update_ewma is not None:
         module.update_ewma = remember_ewma
     result = module.train(module.Args(exp_name=name, **CONFIGS[name]))
     weights = {f"{i}.{k}": v for i, net in enumerate(seen["networks"]) for k, v in net.state_dict().items()}
     if "ewma" in seen:
         weights.update({f"ewma.{k}": v for k, v in seen["ewma"].state_dict().items()})
-    torch.save({"weights": weights, "result": result, **{k: v for k, v in seen.items() if "networks" not in k and k != "ewma"}},
-               os.path.join(out_dir, f"rank{rank}.pt"))
+    counts = {k: v for k, v in seen.items() if k not in ("networks", "ewma")}
+    torch.save({"weights": weights, "result": result, **counts}, os.path.join(out_dir, f"rank{rank}.pt"))
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -193,7 +196,8 @@ def compare_global_moments(rank):
     assert (moments.mean, moments.std) == pytest.approx((reference.mean, reference.std))
     # ppo_staleness normalizes with the batch's own mean and std: those of all 8 advantages
     all_advantages = ppo_staleness.global_batch(first)
-    assert (all_advantages.mean().item(), all_advantages.std(unbiased=False).item()) == pytest.approx((2.75, math.sqrt(9.1875)))
+    assert all_advantages.mean().item() == pytest.approx(2.75)
+    assert all_advantages.std(unbiased=False).item() == pytest.approx(math.sqrt(9.1875))
     dist.destroy_process_group()
 
 
