@@ -992,7 +992,8 @@ def evaluate(args: Args) -> dict:
     envs = make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
     load_normalizers(envs, checkpoint["normalizers"], freeze=True)
     run_dir = make_run_dir(run_args, "__eval")
-    print_startup(run_args, device_note, run_dir, checkpoint=f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
+    print_startup(run_args, device_note, run_dir,
+                  checkpoint=f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
                   episodes=f"{args.eval_episodes}, actions sampled as in training, normalization frozen")
     if args.capture_video:
         envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
