@@ -17,9 +17,11 @@ phase holds the same number of environment steps (Sec. 4).
         --aux-minibatch-size 64 --total-timesteps 147456   # 18 phases; learns in minutes on a laptop CPU
 """
 import copy
+import ctypes
 import dataclasses
 import math
 import os
+import platform
 import random
 import time
 from collections import defaultdict, deque
@@ -67,10 +69,14 @@ class Args:
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
-    """minibatches per policy-phase epoch"""
+    """minibatches per policy-phase epoch M: each holds N/M envs' whole trajectories (official layout), so M
+    divides N, or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
+    shuffle_samples: bool = False
+    """shuffle single samples into minibatches (policy, value and aux epochs) instead of whole env
+    trajectories (not the paper's layout)"""
     n_pi: int = 32
     """policy iterations per phase N_pi (the auxiliary buffer holds N_pi x T x N observations)"""
-    policy_epochs: int = 1
+    update_epochs: int = 1
     """policy-phase policy epochs E_pi"""
     value_epochs: int = 1
     """policy-phase value-function epochs E_V"""
@@ -85,14 +91,23 @@ class Args:
     """Adam beta2"""
     gamma: float = 0.999
     """discount gamma"""
+    norm_reward: bool = True
+    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
+    reward_norm_gamma: float = 0.99
+    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
+    separate from --gamma"""
     gae_lambda: float = 0.95
     """GAE bootstrapping parameter lambda"""
+    objective: Literal["clip", "kl"] = "clip"
+    """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
     clip_coef: float = 0.2
     """clipping parameter epsilon"""
+    kl_coef: float = 1.0
+    """KL penalty beta for --objective kl (PPG's KL variant: 1; Fig. 2's reference line: 1/256 = 0.00390625)"""
     ent_coef: float = 0.01
     """entropy coefficient"""
     vf_coef: float = 0.5
-    """value function coefficient"""
+    """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     max_is_ratio: float = 100.0
@@ -105,8 +120,8 @@ class Args:
     aux_epochs: int = 6
     """auxiliary-phase epochs E_aux"""
     aux_minibatch_size: int = 4096
-    """auxiliary-phase minibatch size, absolute: the paper's 16 N_pi minibatches per epoch at the default
-    batch size (32 x 256 x 256 / (16 x 32) = 4096); kept under --batch-divisor (Appendix B)"""
+    """auxiliary-phase minibatch size in samples, made of whole trajectories like the official code's (16 of
+    T = 256 steps: its 4 per worker x 4 workers); kept under --batch-divisor (Appendix B)"""
     aux_learning_rate: float = 5e-4
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
@@ -187,27 +202,41 @@ def available_memory_bytes() -> Optional[int]:
         return None
 
 
+def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
+    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
+    t, n, m = num_steps, num_envs, num_minibatches
+    if shuffle_samples:
+        if not 1 <= m <= n * t or (n * t) % m != 0:
+            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
+    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
+        raise SystemExit(
+            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
+            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
+        )
+
+
 def check_args(args: Args) -> None:
     """Stop with one sentence naming the flag before any work is done."""
     batch_size = args.num_envs * args.num_steps
     phase_size = args.n_pi * batch_size
     if args.env_id not in PROCGEN_GAMES and args.env_id not in gym.registry:
         raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
-    if not 1 <= args.num_minibatches <= batch_size or batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"--num-minibatches {args.num_minibatches} must divide the batch of "
-            f"{batch_size} samples (--num-envs {args.num_envs} x --num-steps {args.num_steps})."
-        )
+    if args.num_envs < 1 or args.num_steps < 1:
+        raise SystemExit(f"--num-envs and --num-steps must be at least 1, got {args.num_envs} and {args.num_steps}.")
+    check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     if args.total_timesteps < 1:
         raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
     if args.max_is_ratio <= 1:
         raise SystemExit(f"--max-is-ratio must be greater than 1, got {args.max_is_ratio}.")
-    if args.n_pi < 1 or args.policy_epochs < 1 or args.value_epochs < 0 or args.aux_epochs < 0:
-        raise SystemExit("--n-pi and --policy-epochs must be at least 1, --value-epochs and --aux-epochs at least 0.")
-    if not 1 <= args.aux_minibatch_size <= phase_size or phase_size % args.aux_minibatch_size != 0:
+    if args.n_pi < 1 or args.update_epochs < 1 or args.value_epochs < 0 or args.aux_epochs < 0:
+        raise SystemExit("--n-pi and --update-epochs must be at least 1, --value-epochs and --aux-epochs at least 0.")
+    aux_size, num_steps = args.aux_minibatch_size, args.num_steps
+    whole = aux_size % num_steps == 0 or num_steps % aux_size == 0 or args.shuffle_samples
+    if not 1 <= aux_size <= phase_size or phase_size % aux_size != 0 or not whole:
         raise SystemExit(
-            f"--aux-minibatch-size {args.aux_minibatch_size} must divide the phase of {phase_size} samples "
-            f"(--n-pi {args.n_pi} x --num-envs {args.num_envs} x --num-steps {args.num_steps})."
+            f"--aux-minibatch-size {aux_size} must divide the phase of {phase_size} samples (--n-pi {args.n_pi} x "
+            f"--num-envs {args.num_envs} x --num-steps {num_steps}) into whole trajectories (a multiple of "
+            f"--num-steps) or equal pieces of one (a divisor of --num-steps)."
         )
     needed, available = aux_buffer_bytes(args), available_memory_bytes()
     if available is not None and needed > available:
@@ -252,7 +281,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
 
 def make_env(args: Args) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
     if args.env_id in PROCGEN_GAMES:
         envs = ProcgenVecEnv(
             args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed
@@ -265,36 +294,44 @@ def make_env(args: Args) -> gym.vector.VectorEnv:
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         raise SystemExit(f"--env-id {args.env_id} has a continuous action space; ppg_ewma.py needs discrete actions.")
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
-    envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
-    return envs
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
 # ------------------------------------------------------------------------------------- networks
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLP of vector envs (the official code has no MLP)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, channels):
+    def __init__(self, channels, scale):
         super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
 
     def forward(self, x):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
 class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels):
+    def __init__(self, in_channels, out_channels, res_scale):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels)
-        self.res1 = ResidualBlock(out_channels)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -305,12 +342,15 @@ class ImpalaCNN(nn.Module):
 
     def __init__(self, in_channels=3, channels=(16, 32, 32)):
         super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
         stacks = []
         for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels))
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
             in_channels = out_channels
         self.stacks = nn.Sequential(*stacks)
-        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
         # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
@@ -322,11 +362,16 @@ def make_torso(obs_shape):
     """IMPALA CNN for images, 64-64 tanh MLP for vectors; returns (module, feature size)."""
     if len(obs_shape) == 3:
         return ImpalaCNN(obs_shape[-1]).to(memory_format=torch.channels_last), 256  # ~1.8x faster on CPU
-    hidden = 64
     return nn.Sequential(
-        layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
-        layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
-    ), hidden
+        layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+    ), 64
+
+
+def make_head(torso, hidden, outputs, mlp_std):
+    """Official heads after the IMPALA CNN (normed init, scale 0.1); CleanRL's orthogonal init after the MLP."""
+    if isinstance(torso, ImpalaCNN):
+        return normed_init(nn.Linear(hidden, outputs), 0.1)
+    return layer_init(nn.Linear(hidden, outputs), std=mlp_std)
 
 
 class PolicyNetwork(nn.Module):
@@ -335,8 +380,8 @@ class PolicyNetwork(nn.Module):
     def __init__(self, envs):
         super().__init__()
         self.torso, hidden = make_torso(envs.single_observation_space.shape)
-        self.actor = layer_init(nn.Linear(hidden, envs.single_action_space.n), std=0.01)
-        self.aux_critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+        self.actor = make_head(self.torso, hidden, envs.single_action_space.n, mlp_std=0.01)
+        self.aux_critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
 
     def get_logits(self, obs):
         return self.actor(self.torso(obs))
@@ -352,7 +397,7 @@ class ValueNetwork(nn.Module):
     def __init__(self, envs):
         super().__init__()
         self.torso, hidden = make_torso(envs.single_observation_space.shape)
-        self.critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+        self.critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
 
     def forward(self, obs):
         return self.critic(self.torso(obs)).squeeze(-1)
@@ -442,6 +487,62 @@ class EwmaMoments:
         return (x - self.mean) / (self.std + 1e-8)
 
 
+class RewardNormalizer:
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted.
+
+    R_t = r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts.
+    Var[R] is a running estimate over every R seen, updated once per rollout with all its N x T values.
+    """
+
+    def __init__(self, num_envs, gamma, clip=10.0):
+        self.gamma, self.clip = gamma, clip
+        self.returns = torch.zeros(num_envs)  # each env's R so far
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
+
+    def __call__(self, rewards, dones):
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards."""
+        returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
+        for t in range(len(rewards)):
+            ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
+        self.returns = ret
+        n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
+        total, delta = self.count + n, batch_mean - self.mean  # merge the two samples' moments (Chan et al.)
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.mean, self.count = self.mean + delta * n / total, total
+        return torch.clamp(rewards / math.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+
+def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
+    """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
+
+    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs.
+    M > N: each env's trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's
+    chunks one after another in time order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces).
+    """
+    envs = torch.randperm(num_envs, generator=generator)
+    chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
+    groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
+    steps = torch.arange(num_steps).reshape(chunks, -1)  # [chunks, steps per chunk]
+    inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]  # [groups, chunks, envs, steps]
+    return list(inds.reshape(num_minibatches, -1))
+
+
+def value_loss(values, returns):
+    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
+    return ((values - returns) ** 2).mean()
+
+
+def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi].
+
+    new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] (carries gradient).
+    pi/pi_behav is capped at max_is_ratio as in decoupled_clip_loss.
+    """
+    behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
+    is_ratio = torch.exp(new_logp - behav_logp)
+    return (-is_ratio * advantages + kl_coef * kl).mean()
+
+
 def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
     """PPG's auxiliary-phase loss: L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss.
 
@@ -455,22 +556,40 @@ def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
     return beta_clone * clone_kl + l_aux + l_value
 
 
+def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generator=None):
+    """Minibatches of the auxiliary phase: whole trajectories, as flat indices into an [N_pi, T, N] buffer.
+
+    The phase's N_pi x N trajectories play the envs of minibatch_indices; trajectory j is env j % N of
+    policy iteration j // N.
+    """
+    trajectories = n_pi * num_envs
+    minibatches = []
+    for inds in minibatch_indices(num_steps, trajectories, num_minibatches, generator):
+        t, j = inds // trajectories, inds % trajectories
+        minibatches.append(((j // num_envs) * num_steps + t) * num_envs + j % num_envs)
+    return minibatches
+
+
 def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_epochs, aux_minibatch_size,
-                    beta_clone, iteration, device):
+                    shuffle_samples, beta_clone, iteration, device):
     """PPG's auxiliary phase (Cobbe et al., 2020, Algorithm 1); returns the mean of each logged quantity.
 
-    phase_obs: [M, ...] (uint8 for Procgen, kept on the CPU); phase_returns: [M], the value targets of
-    the policy phase. Minibatches move to `device` one at a time, so only the buffer must fit in RAM.
+    phase_obs: [N_pi, T, N, ...] (uint8 for Procgen, kept on the CPU); phase_returns: [N_pi, T, N], the value
+    targets of the policy phase. Minibatches move to `device` one at a time, so only the buffer must fit in RAM.
     """
-    num_samples = phase_obs.shape[0]
+    n_pi, num_steps, num_envs = phase_returns.shape
+    num_samples, num_minibatches = phase_returns.numel(), phase_returns.numel() // aux_minibatch_size
+    phase_obs, phase_returns = phase_obs.reshape((num_samples,) + phase_obs.shape[3:]), phase_returns.reshape(-1)
     with torch.no_grad():  # pi_old: the policy as the policy phase left it, for behaviour cloning
         old_logits = torch.cat([policy.get_logits(phase_obs[start:start + aux_minibatch_size].to(device)).cpu()
                                 for start in range(0, num_samples, aux_minibatch_size)])
     stats = {k: [] for k in ("aux_clone_kl", "aux_value_loss", "aux_true_value_loss", "aux_kl_moved")}
     for epoch in range(aux_epochs):
-        b_inds = torch.randperm(num_samples)
-        for start in range(0, num_samples, aux_minibatch_size):
-            mb_inds = b_inds[start:start + aux_minibatch_size]
+        if shuffle_samples:
+            minibatches = torch.randperm(num_samples).chunk(num_minibatches)
+        else:  # whole trajectories, as the official aux minibatches
+            minibatches = phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches)
+        for mb_inds in minibatches:
             mb_obs, mb_returns = phase_obs[mb_inds].to(device), phase_returns[mb_inds].to(device)
             mb_old_logits = old_logits[mb_inds].to(device)
             new_logits, aux_values = policy(mb_obs)
@@ -493,6 +612,14 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
 
 
 # ------------------------------------------------------------------------------------- training
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
+
+
 def log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -523,6 +650,16 @@ def hyperparameter_changes(before: Args, after: Args) -> str:
                      if getattr(before, k) != getattr(after, k))
 
 
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
 def train(args: Args) -> dict:
     raw_args, args = args, apply_batch_divisor(args)
     check_args(args)
@@ -536,6 +673,8 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        keep_freed_memory()
     prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
     envs = make_env(args)
@@ -557,6 +696,8 @@ def train(args: Args) -> dict:
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
                                      betas=(raw_args.adam_beta1, raw_args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
+    reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
+    num_actions = envs.single_action_space.n
 
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
     # auxiliary phase; empty: the OS commits the pages only as the first phase fills them
@@ -565,8 +706,10 @@ def train(args: Args) -> dict:
     phase_obs = torch.empty((args.n_pi, args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype)
     phase_returns = torch.zeros((args.n_pi, args.num_steps, args.num_envs))
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
+    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # pi_prox of --no-ewma --objective kl
     behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
@@ -583,14 +726,15 @@ def train(args: Args) -> dict:
             if ewma_policy is not None:  # Appendix A (bold): reinitialize the EWMA at every policy phase
                 ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)
         obs = phase_obs[phase_iteration]
+        bootstraps.zero_()
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_obs = next_obs.to(device)
                 step_logits, values[step] = policy.get_logits(step_obs), value_net(step_obs)
-            action = torch.distributions.Categorical(logits=step_logits).sample()
-            actions[step] = action
+            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
+            actions[step], logits[step] = action, step_logits
             behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
 
             next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
@@ -600,7 +744,7 @@ def train(args: Args) -> dict:
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
-                    rewards[step, truncated_only] += args.gamma * value_net(final_obs)
+                    bootstraps[step, truncated_only] = args.gamma * value_net(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
@@ -611,30 +755,38 @@ def train(args: Args) -> dict:
 
         with torch.no_grad():
             next_value = value_net(next_obs.to(device))
-        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+        # rewards scaled once per rollout (official code); the bootstrap V is already in scaled units
+        scaled_rewards = reward_normalizer(rewards, dones) if reward_normalizer else rewards
+        advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
+                                          args.gamma, args.gae_lambda)
         phase_returns[phase_iteration] = returns.cpu()  # V_targ, reused by the auxiliary phase
 
         b_obs = obs.reshape((-1,) + obs_shape)
-        b_actions, b_behav_logps, b_advantages = actions.reshape(-1), behav_logps.reshape(-1), advantages.reshape(-1)
+        b_actions, b_logits = actions.reshape(-1), logits.reshape(-1, num_actions)
+        b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
             adv_moments.update(b_advantages)
             b_advantages = adv_moments.normalize(b_advantages)
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
-        for epoch in range(args.policy_epochs):  # E_pi epochs of L^CLIP_decoupled on the policy network
-            b_inds = torch.randperm(batch_size)
-            for start in range(0, batch_size, minibatch_size):
-                mb_inds = b_inds[start:start + minibatch_size]
+        for epoch in range(args.update_epochs):  # E_pi epochs of the decoupled objective on the policy network
+            for mb_inds in epoch_minibatches(args):
                 mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds].to(device), b_advantages[mb_inds], b_behav_logps[mb_inds]
-                new_logp, entropy = log_prob_and_entropy(policy.get_logits(mb_obs), b_actions[mb_inds])
+                new_logits = policy.get_logits(mb_obs)
+                new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
                 if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
                     prox_logits = logits_in_chunks(ewma_policy, mb_obs, prox_chunk_size)
                     prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
                 else:
-                    prox_logp = mb_behav_logp
-                pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
-                                              args.clip_coef, args.max_is_ratio)
+                    prox_logits, prox_logp = b_logits[mb_inds], mb_behav_logp
+                if args.objective == "clip":
+                    pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
+                                                  args.clip_coef, args.max_is_ratio)
+                else:
+                    kl = categorical_kl(prox_logits, new_logits)  # KL[pi_prox || pi]
+                    pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
+                                                args.max_is_ratio)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss
                 if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
@@ -662,10 +814,8 @@ def train(args: Args) -> dict:
                         stats[name].append(value.detach())
 
         for epoch in range(args.value_epochs):  # E_V epochs of L^value on the separate value network
-            b_inds = torch.randperm(batch_size)
-            for start in range(0, batch_size, minibatch_size):
-                mb_inds = b_inds[start:start + minibatch_size]
-                v_loss = 0.5 * ((value_net(b_obs[mb_inds].to(device)) - b_returns[mb_inds]) ** 2).mean()
+            for mb_inds in epoch_minibatches(args):
+                v_loss = value_loss(value_net(b_obs[mb_inds].to(device)), b_returns[mb_inds])
                 if not torch.isfinite(v_loss):
                     raise FloatingPointError(f"value_loss is not finite at iteration {iteration}; stopping.")
                 optimizer.zero_grad()
@@ -693,8 +843,8 @@ def train(args: Args) -> dict:
         if phase_iteration == args.n_pi - 1:  # N_pi policy iterations done: the auxiliary phase
             aux_start = time.time()
             aux_stats = auxiliary_phase(
-                policy, value_net, aux_optimizer, phase_obs.reshape((-1,) + obs_shape), phase_returns.reshape(-1),
-                args.aux_epochs, args.aux_minibatch_size, args.beta_clone, iteration, device,
+                policy, value_net, aux_optimizer, phase_obs, phase_returns, args.aux_epochs, args.aux_minibatch_size,
+                args.shuffle_samples, args.beta_clone, iteration, device,
             )
             for name, value in aux_stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)

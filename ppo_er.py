@@ -11,9 +11,11 @@ L = 1 is PPO, on the same code path.
     python ppo_er.py --num-envs 8 --num-steps 256        # K = 8 actors, each N/K = 256 steps
     python ppo_er.py --env-id Pendulum-v1 --total-timesteps 200000   # a few minutes on a laptop CPU
 """
+import ctypes
 import math
 import os
 import pickle
+import platform
 import random
 import sys
 import time
@@ -250,6 +252,16 @@ class ReplayMemory:
 
 
 # ------------------------------------------------------------------------------------- training
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return evaluate(args)
@@ -262,6 +274,8 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device, device_note = choose_device(args.cuda)
+    if device.type == "cpu":
+        keep_freed_memory()
 
     envs = make_env(args)
     run_dir = make_run_dir(args)

@@ -14,9 +14,11 @@ training stays (approximately) the same as a function of environment steps (Sec.
         --total-timesteps 200000                         # learns in minutes on a laptop CPU
 """
 import copy
+import ctypes
 import dataclasses
 import math
 import os
+import platform
 import random
 import time
 from collections import defaultdict, deque
@@ -64,7 +66,10 @@ class Args:
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
-    """minibatches per epoch"""
+    """minibatches per epoch M: each holds N/M envs' whole trajectories (official layout), so M divides N,
+    or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
+    shuffle_samples: bool = False
+    """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
     update_epochs: int = 3
     """policy epochs E"""
 
@@ -78,6 +83,11 @@ class Args:
     """Adam beta2"""
     gamma: float = 0.999
     """discount gamma"""
+    norm_reward: bool = True
+    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
+    reward_norm_gamma: float = 0.99
+    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
+    separate from --gamma"""
     gae_lambda: float = 0.95
     """GAE bootstrapping parameter lambda"""
     objective: Literal["clip", "kl"] = "clip"
@@ -89,7 +99,7 @@ class Args:
     ent_coef: float = 0.01
     """entropy coefficient"""
     vf_coef: float = 0.5
-    """value function coefficient"""
+    """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     max_is_ratio: float = 100.0
@@ -142,16 +152,27 @@ def batch_sizes(args: Args) -> tuple[int, int, int]:
     return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
 
 
+def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
+    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
+    t, n, m = num_steps, num_envs, num_minibatches
+    if shuffle_samples:
+        if not 1 <= m <= n * t or (n * t) % m != 0:
+            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
+    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
+        raise SystemExit(
+            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
+            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
+        )
+
+
 def check_args(args: Args) -> None:
     """Stop with one sentence naming the flag before any work is done."""
     batch_size = args.num_envs * args.num_steps
     if args.env_id not in PROCGEN_GAMES and args.env_id not in gym.registry:
         raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
-    if not 1 <= args.num_minibatches <= batch_size or batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"--num-minibatches {args.num_minibatches} must divide the batch of "
-            f"{batch_size} samples (--num-envs {args.num_envs} x --num-steps {args.num_steps})."
-        )
+    if args.num_envs < 1 or args.num_steps < 1:
+        raise SystemExit(f"--num-envs and --num-steps must be at least 1, got {args.num_envs} and {args.num_steps}.")
+    check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     if args.total_timesteps < 1:
         raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
     if args.ewma_com < 0:
@@ -197,7 +218,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
 
 def make_env(args: Args) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
     if args.env_id in PROCGEN_GAMES:
         envs = ProcgenVecEnv(
             args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed
@@ -210,36 +231,44 @@ def make_env(args: Args) -> gym.vector.VectorEnv:
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         raise SystemExit(f"--env-id {args.env_id} has a continuous action space; ppo_ewma.py needs discrete actions.")
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
-    envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
-    return envs
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
 # ------------------------------------------------------------------------------------- networks
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLP of vector envs (the official code has no MLP)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, channels):
+    def __init__(self, channels, scale):
         super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
 
     def forward(self, x):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
 class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels):
+    def __init__(self, in_channels, out_channels, res_scale):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels)
-        self.res1 = ResidualBlock(out_channels)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -250,12 +279,15 @@ class ImpalaCNN(nn.Module):
 
     def __init__(self, in_channels=3, channels=(16, 32, 32)):
         super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
         stacks = []
         for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels))
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
             in_channels = out_channels
         self.stacks = nn.Sequential(*stacks)
-        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
         # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
@@ -268,18 +300,16 @@ class Agent(nn.Module):
 
     def __init__(self, envs):
         super().__init__()
-        obs_shape = envs.single_observation_space.shape
-        if len(obs_shape) == 3:
-            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
+        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+        if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
+            self.torso = ImpalaCNN(obs_shape[-1])
+            self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
-        else:
-            hidden = 64
+        else:  # CleanRL's MLP and heads
             self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
-                layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
-        self.actor = layer_init(nn.Linear(hidden, envs.single_action_space.n), std=0.01)
-        self.critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+            self.actor, self.critic = layer_init(nn.Linear(64, num_actions), std=0.01), layer_init(nn.Linear(64, 1), std=1.0)
 
     def get_logits(self, obs):
         return self.actor(self.torso(obs))
@@ -339,6 +369,11 @@ def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_rati
     return (-is_ratio * advantages + kl_coef * kl).mean()
 
 
+def value_loss(values, returns):
+    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
+    return ((values - returns) ** 2).mean()
+
+
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
     """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w.
@@ -392,7 +427,55 @@ class EwmaMoments:
         return (x - self.mean) / (self.std + 1e-8)
 
 
+class RewardNormalizer:
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted.
+
+    R_t = r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts.
+    Var[R] is a running estimate over every R seen, updated once per rollout with all its N x T values.
+    """
+
+    def __init__(self, num_envs, gamma, clip=10.0):
+        self.gamma, self.clip = gamma, clip
+        self.returns = torch.zeros(num_envs)  # each env's R so far
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
+
+    def __call__(self, rewards, dones):
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards."""
+        returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
+        for t in range(len(rewards)):
+            ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
+        self.returns = ret
+        n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
+        total, delta = self.count + n, batch_mean - self.mean  # merge the two samples' moments (Chan et al.)
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.mean, self.count = self.mean + delta * n / total, total
+        return torch.clamp(rewards / math.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+
+def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
+    """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
+
+    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs.
+    M > N: each env's trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's
+    chunks one after another in time order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces).
+    """
+    envs = torch.randperm(num_envs, generator=generator)
+    chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
+    groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
+    steps = torch.arange(num_steps).reshape(chunks, -1)  # [chunks, steps per chunk]
+    inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]  # [groups, chunks, envs, steps]
+    return list(inds.reshape(num_minibatches, -1))
+
+
 # ------------------------------------------------------------------------------------- training
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
+
+
 def log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -423,6 +506,16 @@ def hyperparameter_changes(before: Args, after: Args) -> str:
                      if getattr(before, k) != getattr(after, k))
 
 
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
 def train(args: Args) -> dict:
     raw_args, args = args, apply_batch_divisor(args)
     check_args(args)
@@ -430,12 +523,17 @@ def train(args: Args) -> dict:
     ewma_decay = com_to_decay(args.ewma_com)
     if args.batch_divisor != 1:
         print(f"--batch-divisor {args.batch_divisor}:\n{hyperparameter_changes(raw_args, args)}")
+    if args.batch_divisor != 1 and args.update_epochs > 1:
+        print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
+              f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
 
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        keep_freed_memory()
     prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
     envs = make_env(args)
@@ -453,6 +551,7 @@ def train(args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
+    reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
 
     # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
@@ -462,6 +561,7 @@ def train(args: Args) -> dict:
     logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # pi_prox of --no-ewma --objective kl
     behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+    bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
@@ -472,12 +572,13 @@ def train(args: Args) -> dict:
     next_done = torch.zeros(args.num_envs, device=device)
 
     for iteration in range(1, num_iterations + 1):
+        bootstraps.zero_()
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_logits, values[step] = agent(next_obs)
-            action = torch.distributions.Categorical(logits=step_logits).sample()
+            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
             actions[step], logits[step] = action, step_logits
             behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
 
@@ -488,7 +589,7 @@ def train(args: Args) -> dict:
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
-                    rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
+                    bootstraps[step, truncated_only] = args.gamma * agent.get_value(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
@@ -499,7 +600,10 @@ def train(args: Args) -> dict:
 
         with torch.no_grad():
             next_value = agent.get_value(next_obs)
-        advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
+        # rewards scaled once per rollout (official code); the bootstrap V is already in scaled units
+        scaled_rewards = reward_normalizer(rewards, dones) if reward_normalizer else rewards
+        advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
+                                          args.gamma, args.gae_lambda)
 
         b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
         b_actions, b_logits = actions.reshape(-1), logits.reshape(-1, num_actions)
@@ -511,9 +615,8 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
-            b_inds = torch.randperm(batch_size, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                mb_inds = b_inds[start:start + minibatch_size]
+            for mb_inds in epoch_minibatches(args):
+                mb_inds = mb_inds.to(device)
                 mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds], b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_logits, new_value = agent(mb_obs)
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
@@ -530,7 +633,7 @@ def train(args: Args) -> dict:
                     kl = categorical_kl(prox_logits, new_logits)  # KL[pi_prox || pi]
                     pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
                                                 args.max_is_ratio)
-                v_loss = 0.5 * ((new_value - b_returns[mb_inds]) ** 2).mean()
+                v_loss = value_loss(new_value, b_returns[mb_inds])
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails

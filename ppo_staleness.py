@@ -13,8 +13,10 @@ the behaviour policy (which collected the data k iterations ago). `--objective` 
     python ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --gamma 0.99 \\
         --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --total-timesteps 100000
 """
+import ctypes
 import math
 import os
+import platform
 import random
 import time
 from collections import defaultdict, deque
@@ -62,7 +64,10 @@ class Args:
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
-    """minibatches per epoch"""
+    """minibatches per epoch M: each holds N/M envs' whole trajectories (official layout), so M divides N,
+    or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
+    shuffle_samples: bool = False
+    """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
     update_epochs: int = 3
     """policy epochs E"""
 
@@ -76,6 +81,11 @@ class Args:
     """Adam beta2"""
     gamma: float = 0.999
     """discount gamma"""
+    norm_reward: bool = True
+    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
+    reward_norm_gamma: float = 0.99
+    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
+    separate from --gamma"""
     gae_lambda: float = 0.95
     """GAE bootstrapping parameter lambda"""
     clip_coef: float = 0.2
@@ -83,7 +93,7 @@ class Args:
     ent_coef: float = 0.01
     """entropy coefficient"""
     vf_coef: float = 0.5
-    """value function coefficient"""
+    """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     max_is_ratio: float = 100.0
@@ -92,7 +102,8 @@ class Args:
     """normalize advantages with the mean and std of the whole batch"""
 
     staleness: int = 4
-    """k: train on each rollout k iterations after it was collected (0: plain PPO)"""
+    """k: train on each rollout k iterations after it was collected (0: plain PPO); the k warm-up rollouts are
+    extra, as in the official code: the run trains on total_timesteps of data and collects k batches more"""
     objective: Literal["recent", "decoupled", "behavior"] = "decoupled"
     """which policy is pi_old: recent (Fig. 1a), decoupled prox=recent/IS=behav (Fig. 1b), behavior (Fig. 1c)"""
 
@@ -110,25 +121,33 @@ def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
     return (staleness + 1) * per_rollout
 
 
+def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
+    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
+    t, n, m = num_steps, num_envs, num_minibatches
+    if shuffle_samples:
+        if not 1 <= m <= n * t or (n * t) % m != 0:
+            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
+    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
+        raise SystemExit(
+            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
+            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
+        )
+
+
 def check_args(args: Args) -> None:
     """Stop with one sentence naming the flag before any work is done."""
-    batch_size, _, num_iterations = batch_sizes(args)
+    batch_size = args.num_envs * args.num_steps
     if args.env_id not in PROCGEN_GAMES and args.env_id not in gym.registry:
         raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
-    if not 1 <= args.num_minibatches <= batch_size or batch_size % args.num_minibatches != 0:
-        raise SystemExit(
-            f"--num-minibatches {args.num_minibatches} must divide the batch of "
-            f"{batch_size} samples (--num-envs {args.num_envs} x --num-steps {args.num_steps})."
-        )
+    if args.num_envs < 1 or args.num_steps < 1:
+        raise SystemExit(f"--num-envs and --num-steps must be at least 1, got {args.num_envs} and {args.num_steps}.")
+    check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     if args.total_timesteps < 1:
         raise SystemExit(f"--total-timesteps must be positive, got {args.total_timesteps}.")
     if args.max_is_ratio <= 1:
         raise SystemExit(f"--max-is-ratio must be greater than 1, got {args.max_is_ratio}.")
-    if not 0 <= args.staleness < num_iterations:
-        raise SystemExit(
-            f"--staleness {args.staleness} must be >= 0 and below the {num_iterations} iterations of "
-            f"--total-timesteps {args.total_timesteps}, or nothing is ever trained on."
-        )
+    if args.staleness < 0:
+        raise SystemExit(f"--staleness must be >= 0, got {args.staleness}.")
     if args.env_id in PROCGEN_GAMES:
         obs_bytes, num_actions = 64 * 64 * 3, 15
     else:
@@ -180,7 +199,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
 
 def make_env(args: Args) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
     if args.env_id in PROCGEN_GAMES:
         envs = ProcgenVecEnv(
             args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed
@@ -193,36 +212,44 @@ def make_env(args: Args) -> gym.vector.VectorEnv:
     if not isinstance(envs.single_action_space, gym.spaces.Discrete):
         envs.close()
         raise SystemExit(f"--env-id {args.env_id} has a continuous action space; ppo_staleness.py needs discrete actions.")
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
-    envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
-    return envs
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
 # ------------------------------------------------------------------------------------- networks
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLP of vector envs (the official code has no MLP)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, channels):
+    def __init__(self, channels, scale):
         super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
 
     def forward(self, x):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
 class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels):
+    def __init__(self, in_channels, out_channels, res_scale):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels)
-        self.res1 = ResidualBlock(out_channels)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -233,12 +260,15 @@ class ImpalaCNN(nn.Module):
 
     def __init__(self, in_channels=3, channels=(16, 32, 32)):
         super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
         stacks = []
         for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels))
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
             in_channels = out_channels
         self.stacks = nn.Sequential(*stacks)
-        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
         # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
@@ -251,18 +281,16 @@ class Agent(nn.Module):
 
     def __init__(self, envs):
         super().__init__()
-        obs_shape = envs.single_observation_space.shape
-        if len(obs_shape) == 3:
-            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
+        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+        if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
+            self.torso = ImpalaCNN(obs_shape[-1])
+            self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
-        else:
-            hidden = 64
+        else:  # CleanRL's MLP and heads
             self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
-                layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
-        self.actor = layer_init(nn.Linear(hidden, envs.single_action_space.n), std=0.01)
-        self.critic = layer_init(nn.Linear(hidden, 1), std=1.0)
+            self.actor, self.critic = layer_init(nn.Linear(64, num_actions), std=0.01), layer_init(nn.Linear(64, 1), std=1.0)
 
     def get_logits(self, obs):
         return self.actor(self.torso(obs))
@@ -311,6 +339,51 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     return -(prox_is_weight * surrogate).mean()
 
 
+class RewardNormalizer:
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted.
+
+    R_t = r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts.
+    Var[R] is a running estimate over every R seen, updated once per rollout with all its N x T values.
+    """
+
+    def __init__(self, num_envs, gamma, clip=10.0):
+        self.gamma, self.clip = gamma, clip
+        self.returns = torch.zeros(num_envs)  # each env's R so far
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
+
+    def __call__(self, rewards, dones):
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards."""
+        returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
+        for t in range(len(rewards)):
+            ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
+        self.returns = ret
+        n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
+        total, delta = self.count + n, batch_mean - self.mean  # merge the two samples' moments (Chan et al.)
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.mean, self.count = self.mean + delta * n / total, total
+        return torch.clamp(rewards / math.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+
+def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
+    """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
+
+    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs.
+    M > N: each env's trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's
+    chunks one after another in time order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces).
+    """
+    envs = torch.randperm(num_envs, generator=generator)
+    chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
+    groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
+    steps = torch.arange(num_steps).reshape(chunks, -1)  # [chunks, steps per chunk]
+    inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]  # [groups, chunks, envs, steps]
+    return list(inds.reshape(num_minibatches, -1))
+
+
+def value_loss(values, returns):
+    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
+    return ((values - returns) ** 2).mean()
+
+
 class StaleQueue:
     """Artificial staleness (Sec. 5.1): push(rollout) returns the rollout pushed `staleness` pushes
     earlier, or None while warming up (staleness 0 returns the rollout just pushed)."""
@@ -348,10 +421,19 @@ class Rollout(NamedTuple):
     logits: torch.Tensor  # [T, N, A] of pi_behav
     behav_logps: torch.Tensor  # [T, N]
     values: torch.Tensor  # [T, N], V predicted at collection time
-    rewards: torch.Tensor  # [T, N], truncation bootstrap already added
+    rewards: torch.Tensor  # [T, N], raw: normalized when the rollout is trained on, as officially
+    bootstraps: torch.Tensor  # [T, N], gamma V(final obs) at time-limit truncations, else 0
     dones: torch.Tensor  # [T, N]
     next_obs: torch.Tensor  # [N, *obs_shape], the observation after the rollout's last step
     next_done: torch.Tensor  # [N]
+
+
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
 def log_prob_and_entropy(logits, actions):
@@ -378,6 +460,16 @@ def logits_in_chunks(model, obs, chunk_size):
     return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
 def train(args: Args) -> dict:
     check_args(args)
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
@@ -387,6 +479,8 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device = torch.device("cuda" if torch.cuda.is_available() and args.cuda else "cpu")
+    if device.type == "cpu":
+        keep_freed_memory()
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
     envs = make_env(args)
@@ -400,6 +494,7 @@ def train(args: Args) -> dict:
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     queue = StaleQueue(args.staleness)
+    reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
     obs_shape = envs.single_observation_space.shape
     obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
@@ -410,13 +505,15 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
 
-    for iteration in range(1, num_iterations + 1):
+    trained_steps = 0
+    for iteration in range(1, num_iterations + args.staleness + 1):  # k warm-up rollouts, then num_iterations
         # fresh storage every iteration: the queue keeps each rollout until it is trained on
         obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
         actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
         logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)
         behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
         rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
+        bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)
         dones = torch.zeros((args.num_steps, args.num_envs), device=device)
         values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
@@ -425,7 +522,7 @@ def train(args: Args) -> dict:
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_logits, values[step] = agent(next_obs)
-            action = torch.distributions.Categorical(logits=step_logits).sample()
+            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
             actions[step], logits[step] = action, step_logits
             behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
 
@@ -436,7 +533,7 @@ def train(args: Args) -> dict:
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
-                    rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
+                    bootstraps[step, truncated_only] = args.gamma * agent.get_value(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             if "episode" in info:
@@ -448,23 +545,26 @@ def train(args: Args) -> dict:
         sps = int(global_step / (time.time() - start_time))
         writer.add_scalar("charts/SPS", sps, global_step)
         mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-        if time.time() - last_print > 10 or iteration == num_iterations:
+        if time.time() - last_print > 10 or iteration == num_iterations + args.staleness:
             last_print = time.time()
             print(f"step {global_step:>10}  mean_return {mean_return:8.2f}  SPS {sps}")
 
         # queued rollouts wait in host memory, which holds many more of them than a GPU would
-        rollout = Rollout(obs, actions, logits, behav_logps, values, rewards, dones, next_obs, next_done)
+        rollout = Rollout(obs, actions, logits, behav_logps, values, rewards, bootstraps, dones, next_obs, next_done)
         stale = queue.push(Rollout(*(x.cpu() for x in rollout)))
         if stale is None:
             continue  # warm-up: the first k iterations only collect
         stale = Rollout(*(x.to(device) for x in stale))
+        trained_steps += batch_size
 
         # Advantages of a stale rollout, as in the paper's experiments: the value predictions stored
         # when it was collected, and the CURRENT model's bootstrap value V(s_T) at its end.
         with torch.no_grad():
             next_value = agent.get_value(stale.next_obs)
-        advantages, returns = compute_gae(stale.rewards, stale.values, stale.dones, next_value, stale.next_done,
-                                          args.gamma, args.gae_lambda)
+        # rewards scaled once per trained rollout, in collection order (official code)
+        scaled_rewards = reward_normalizer(stale.rewards, stale.dones) if reward_normalizer else stale.rewards
+        advantages, returns = compute_gae(scaled_rewards + stale.bootstraps, stale.values, stale.dones, next_value,
+                                          stale.next_done, args.gamma, args.gae_lambda)
 
         b_obs = stale.obs.reshape((-1,) + obs_shape)
         b_actions, b_logits = stale.actions.reshape(-1), stale.logits.reshape(-1, num_actions)
@@ -484,9 +584,8 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
-            b_inds = torch.randperm(batch_size, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                mb_inds = b_inds[start:start + minibatch_size]
+            for mb_inds in epoch_minibatches(args):
+                mb_inds = mb_inds.to(device)
                 new_logits, new_value = agent(b_obs[mb_inds])
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
                 prox_logp, is_logp = b_prox_logps[mb_inds], b_is_logps[mb_inds]
@@ -494,7 +593,7 @@ def train(args: Args) -> dict:
                 # L^CLIP_decoupled with pi_prox, pi_behav := the two policies the objective picked
                 pg_loss = decoupled_clip_loss(new_logp, prox_logp, is_logp, b_advantages[mb_inds],
                                               args.clip_coef, args.max_is_ratio)
-                v_loss = 0.5 * ((new_value - b_returns[mb_inds]) ** 2).mean()
+                v_loss = value_loss(new_value, b_returns[mb_inds])
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
@@ -532,7 +631,8 @@ def train(args: Args) -> dict:
         torch.save(agent.state_dict(), os.path.join(run_dir, "model.pt"))
     envs.close()
     writer.close()
-    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+    return {"global_step": global_step, "trained_steps": trained_steps, "sps": sps, "mean_return": mean_return,
+            "run_dir": run_dir}
 
 
 if __name__ == "__main__":

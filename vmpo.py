@@ -16,10 +16,12 @@ returns through a PopArt-normalized head (Sec. 4.1). No entropy bonus, no import
         --update-epochs 10 --gamma 0.99 --total-timesteps 1000000   # diagonal Gaussian, decoupled KLs
 """
 import copy
+import ctypes
 import importlib.util
 import math
 import os
 import pickle
+import platform
 import random
 import sys
 import time
@@ -436,6 +438,16 @@ def policy_kls(target_pi, pi):
     return {"mean": kl_mean, "std": kl_std}
 
 
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return evaluate(args)
@@ -450,6 +462,8 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device, device_note = choose_device(args.cuda)
+    if device.type == "cpu":
+        keep_freed_memory()
 
     envs = make_env(args)
     run_dir = make_run_dir(args)
@@ -513,10 +527,10 @@ def train(args: Args) -> dict:
                     step_pi = target_agent.get_pi(next_obs)  # the target network acts
                     values[step] = agent.get_value(next_obs)  # V_phi of the online network (Sec. 4.1)
             if agent.continuous:
-                action = torch.distributions.Normal(*step_pi).sample()
+                action = torch.distributions.Normal(*step_pi, validate_args=False).sample()  # no device sync
                 env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
             else:
-                action = torch.distributions.Categorical(logits=step_pi).sample()
+                action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
                 env_action = action.cpu().numpy()
             actions[step] = action
 

@@ -240,3 +240,76 @@ def test_train_smoke_passes_an_auxiliary_phase(tmp_path, monkeypatch, args):
     assert logged["losses/aux_clone_kl"][0] >= 0.0  # a KL
     for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl", "charts/SPS"):
         assert len(logged[tag]) == 2 and np.all(np.isfinite(logged[tag])), tag
+
+
+# ------------------------------------------------------------------------- the official code's setup
+def test_aux_minibatches_are_whole_trajectories_of_the_phase():
+    # N_pi = 2 iterations x N = 2 envs = 4 trajectories of T = 3 steps, 2 aux minibatches of 2 trajectories.
+    # Trajectory j = env j % 2 of iteration j // 2; the seed-1 permutation of 4 is [1, 3, 2, 0].
+    # The buffer is [N_pi, T, N]: flat index (i*T + t)*N + n = 6i + 2t + n.
+    #   j = 1: i 0, n 1 -> 1, 3, 5      j = 3: i 1, n 1 -> 7, 9, 11
+    #   j = 2: i 1, n 0 -> 6, 8, 10     j = 0: i 0, n 0 -> 0, 2, 4
+    # (in minibatch_indices' env-major order: j's steps t = 0, 1, 2 one after another)
+    assert torch.randperm(4, generator=torch.Generator().manual_seed(1)).tolist() == [1, 3, 2, 0]
+    minibatches = ppg_ewma.phase_minibatch_indices(2, 3, 2, 2, generator=torch.Generator().manual_seed(1))
+    assert [mb.tolist() for mb in minibatches] == [[1, 3, 5, 7, 9, 11], [6, 8, 10, 0, 2, 4]]
+
+
+def test_aux_minibatch_size_in_whole_trajectories_or_equal_pieces():
+    # phase = N_pi 2 x N 4 x T 24 = 192 samples. 48 = 2 trajectories and 12 = half of one are fine.
+    # 64 divides the phase (3 minibatches) but is neither a multiple nor a divisor of 24 steps: refused,
+    # although the old sample-shuffling aux phase accepted it (and --shuffle-samples still does).
+    config = dict(env_id="CartPole-v1", num_envs=4, num_steps=24, n_pi=2)
+    check_args(Args(**config, aux_minibatch_size=48))
+    check_args(Args(**config, aux_minibatch_size=12))
+    with pytest.raises(SystemExit, match="--aux-minibatch-size 64 must divide the phase of 192 samples"):
+        check_args(Args(**config, aux_minibatch_size=64))
+    check_args(Args(**config, aux_minibatch_size=64, shuffle_samples=True))
+    with pytest.raises(SystemExit, match="--aux-minibatch-size 40"):  # 192 / 40 is not whole
+        check_args(Args(**config, aux_minibatch_size=40, shuffle_samples=True))
+
+
+class ProcgenLike:
+    single_observation_space = ppg_ewma.gym.spaces.Box(0, 255, (64, 64, 3), dtype="uint8")
+    single_action_space = ppg_ewma.gym.spaces.Discrete(15)
+
+
+def test_official_init_of_both_procgen_networks():
+    # norms of each output unit's weights: first conv of a stack 1.0, residual convs 6^(-1/4) = 0.6389, dense 1.4,
+    # policy head, auxiliary value head and value head 0.1; all biases 0
+    torch.manual_seed(0)
+    for net in (ppg_ewma.PolicyNetwork(ProcgenLike()), ppg_ewma.ValueNetwork(ProcgenLike())):
+        seen = set()
+        for name, module in net.named_modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                scale = 6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv") else 1.4 if name.endswith("fc") else 0.1
+                norms = torch.linalg.vector_norm(module.weight.flatten(1), dim=1)
+                torch.testing.assert_close(norms, torch.full_like(norms, scale), atol=1e-6, rtol=0)
+                assert torch.all(module.bias == 0), name
+                seen.add((type(module).__name__, round(scale, 4)))
+        assert seen == {("Conv2d", 1.0), ("Conv2d", 0.6389), ("Linear", 1.4), ("Linear", 0.1)}
+
+
+def test_value_phase_weight_is_half_the_mse():
+    # V = (3, 1), V_targ = (1, 1): mean((2, 0)^2) = 2; the value phase minimizes c_VF * 2 = 1.0 (c_VF = 0.5)
+    assert (Args().vf_coef * ppg_ewma.value_loss(torch.tensor([3.0, 1.0]), torch.tensor([1.0, 1.0]))).item() == 1.0
+
+
+def test_kl_objective_runs_for_the_fig_2_reference_line(tmp_path, monkeypatch):
+    # PPG with the KL penalty at beta = 1/256 (Fig. 2's reference line). Without the EWMA pi_prox is the behaviour
+    # policy, so on an iteration's first minibatch pi = pi_prox and KL[pi_prox || pi] = 0. The spy records what
+    # reaches decoupled_kl_loss.
+    monkeypatch.chdir(tmp_path)
+    seen = []
+    real = ppg_ewma.decoupled_kl_loss
+
+    def spy(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
+        seen.append((kl_coef, kl.detach().abs().max().item()))
+        return real(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio)
+
+    monkeypatch.setattr(ppg_ewma, "decoupled_kl_loss", spy)
+    result = train(tiny_args(env_id="CartPole-v1", total_timesteps=2 * 4 * 32, objective="kl", kl_coef=1 / 256, ewma=False))
+    assert len(seen) == 4  # 2 iterations x 2 minibatches
+    assert all(coef == 1 / 256 for coef, _ in seen)
+    assert seen[0][1] < 1e-6  # the first step of an iteration: pi = pi_prox = pi_behav, so KL = 0
+    assert np.all(np.isfinite(scalars(result["run_dir"])["losses/policy_loss"]))

@@ -274,3 +274,141 @@ def test_logits_in_chunks_gives_the_same_numbers_as_one_pass():
     chunked = ppo_ewma.logits_in_chunks(agent, obs, chunk_size=4)  # chunks of 4, 4 and 2 rows
     torch.testing.assert_close(chunked, agent.get_logits(obs), rtol=0, atol=1e-6)
     assert not chunked.requires_grad
+
+
+def test_reward_normalizer_two_envs_four_steps():
+    # gamma 0.5; env 0 starts a new episode at obs 2 (dones[2] = 1), env 1 has none. R_t = r_t + 0.5 (1 - d_t) R_{t-1}
+    #   env 0: rewards 1, 2, 3, 0 -> R = 1, 2 + 0.5*1 = 2.5, 3 (restart), 0 + 0.5*3 = 1.5
+    #   env 1: rewards 2, 0, 4, 8 -> R = 2, 0 + 0.5*2 = 1, 4 + 0.5*1 = 4.5, 8 + 0.5*4.5 = 10.25
+    # the 8 returns: mean 25.75/8 = 3.21875, E[R^2] = 148.8125/8 = 18.6015625, var = 18.6015625 - 3.21875^2 = 8.2412109375
+    # merged with the prior (count 1e-4, mean 0, var 1): (1e-4*1 + 8*8.2412109375 + 3.21875^2 * 1e-4*8/8.0001) / 8.0001
+    #   = 8.2412499..., so the std is sqrt(8.24125 + 1e-8) = 2.8707577
+    rewards = torch.tensor([[1.0, 2.0], [2.0, 0.0], [3.0, 4.0], [0.0, 8.0]])
+    dones = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+    normalizer = ppo_ewma.RewardNormalizer(num_envs=2, gamma=0.5, clip=2.5)
+    scaled = normalizer(rewards, dones)
+    assert normalizer.mean == pytest.approx(3.21875 * 8 / 8.0001)
+    assert normalizer.var == pytest.approx(8.2412499, rel=1e-6)
+    torch.testing.assert_close(normalizer.returns, torch.tensor([1.5, 10.25]))  # carried into the next rollout
+    # r / 2.8707577: 1 -> 0.34834, 2 -> 0.69668, 3 -> 1.04502, 4 -> 1.39336; 8 -> 2.78672, clipped to 2.5
+    expected = torch.tensor([[0.34834, 0.69668], [0.69668, 0.0], [1.04502, 1.39336], [0.0, 2.5]])
+    torch.testing.assert_close(scaled, expected, atol=1e-5, rtol=0)
+    # the mean is not subtracted: a zero reward stays zero
+    assert scaled[3, 0] == 0.0
+
+
+def test_reward_normalizer_updates_once_per_rollout():
+    # the second rollout continues each env's return: env 0 had R = 1.5, env 1 R = 10.25 (gamma 0.5)
+    #   one step of rewards (2, 0), no episode start: R = 2 + 0.75 = 2.75 and 0 + 5.125 = 5.125
+    normalizer = ppo_ewma.RewardNormalizer(num_envs=2, gamma=0.5)
+    normalizer(torch.tensor([[1.0, 2.0], [2.0, 0.0], [3.0, 4.0], [0.0, 8.0]]),
+               torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0], [0.0, 0.0]]))
+    count, mean = normalizer.count, normalizer.mean
+    normalizer(torch.tensor([[2.0, 0.0]]), torch.tensor([[0.0, 0.0]]))
+    torch.testing.assert_close(normalizer.returns, torch.tensor([2.75, 5.125]))
+    assert normalizer.count == pytest.approx(count + 2)  # one update with the rollout's N x T = 2 returns
+    # new mean: (8.0001 * mean + 2.75 + 5.125) / 10.0001
+    assert normalizer.mean == pytest.approx((count * mean + 2.75 + 5.125) / (count + 2))
+
+
+def test_minibatch_indices_whole_trajectories():
+    # N = 4 envs, T = 4 steps, M = 2: the env permutation of seed 1 is [1, 3, 2, 0], so minibatch 0 holds the
+    # full trajectories of envs 1 and 3, minibatch 1 those of envs 2 and 0. Flat index t*N + n = 4t + n.
+    assert torch.randperm(4, generator=torch.Generator().manual_seed(1)).tolist() == [1, 3, 2, 0]
+    minibatches = ppo_ewma.minibatch_indices(4, 4, 2, generator=torch.Generator().manual_seed(1))
+    assert [mb.tolist() for mb in minibatches] == [[1, 5, 9, 13, 3, 7, 11, 15], [2, 6, 10, 14, 0, 4, 8, 12]]
+
+
+def test_minibatch_indices_time_chunks_when_more_minibatches_than_envs():
+    # N = 1, T = 8, M = 4: four consecutive 2-step chunks of the single env, in time order (flat index = t)
+    minibatches = ppo_ewma.minibatch_indices(8, 1, 4)
+    assert [mb.tolist() for mb in minibatches] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    # N = 2, T = 4, M = 4: the permutation of seed 1 is [1, 0]; env 1's two chunks (t 0-1, t 2-3), then env 0's.
+    # Flat index 2t + n: env 1 -> [1, 3], [5, 7]; env 0 -> [0, 2], [4, 6]
+    assert torch.randperm(2, generator=torch.Generator().manual_seed(1)).tolist() == [1, 0]
+    minibatches = ppo_ewma.minibatch_indices(4, 2, 4, generator=torch.Generator().manual_seed(1))
+    assert [mb.tolist() for mb in minibatches] == [[1, 3], [5, 7], [0, 2], [4, 6]]
+
+
+@pytest.mark.parametrize("num_steps, num_envs, num_minibatches", [(4, 4, 2), (8, 1, 4), (256, 1, 8), (6, 8, 8), (4, 2, 4)])
+def test_minibatch_indices_cover_every_sample_once(num_steps, num_envs, num_minibatches):
+    minibatches = ppo_ewma.minibatch_indices(num_steps, num_envs, num_minibatches)
+    assert len(minibatches) == num_minibatches
+    assert len({len(mb) for mb in minibatches}) == 1  # equal sizes T*N/M
+    assert sorted(torch.cat(minibatches).tolist()) == list(range(num_steps * num_envs))
+
+
+@pytest.mark.parametrize("num_envs, num_steps, num_minibatches, accepted", [
+    (8, 128, 4, True),   # 4 divides 8 envs: 2 whole trajectories per minibatch
+    (4, 6, 8, True),     # 8 = 2 x 4 envs: each 6-step trajectory cut into 2 chunks of 3
+    (8, 128, 3, False),  # 3 does not divide 8 envs, and is not a multiple of 8
+    (4, 5, 8, False),    # 8 = 2 x 4 envs, but 5 steps do not cut into 2 equal chunks
+    (3, 10, 2, False),   # 2 does not divide 3 envs
+])
+def test_minibatch_count_must_split_whole_trajectories(num_envs, num_steps, num_minibatches, accepted):
+    args = Args(env_id="CartPole-v1", num_envs=num_envs, num_steps=num_steps, num_minibatches=num_minibatches)
+    if accepted:
+        ppo_ewma.check_args(args)
+    else:
+        with pytest.raises(SystemExit, match="--num-minibatches"):
+            ppo_ewma.check_args(args)
+    # sample shuffling only needs M to divide N x T: 8*128/3 no, 4*5/8 no, 3*10/2 = 15 yes
+    shuffled = Args(env_id="CartPole-v1", num_envs=num_envs, num_steps=num_steps, num_minibatches=num_minibatches,
+                    shuffle_samples=True)
+    if (num_envs * num_steps) % num_minibatches == 0:
+        ppo_ewma.check_args(shuffled)
+    else:
+        with pytest.raises(SystemExit, match="--num-minibatches"):
+            ppo_ewma.check_args(shuffled)
+
+
+class ProcgenLike:
+    """Just the spaces of a Procgen vector env, enough to build the networks."""
+    single_observation_space = ppo_ewma.gym.spaces.Box(0, 255, (64, 64, 3), dtype="uint8")
+    single_action_space = ppo_ewma.gym.spaces.Discrete(15)
+
+
+def official_scale(name):
+    """The norm each layer's output units get (Sec. 4 of SPEC.md; the official impala_cnn.py and ppg.py)."""
+    if ".res" in name:
+        return 6 ** -0.25  # residual convs: (1/sqrt(3 stacks * 2 blocks))^(1/2) = 0.6389
+    if name.endswith(".conv"):
+        return 1.0  # first conv of each stack
+    if name.endswith("torso.fc"):
+        return 1.4  # the 2048 -> 256 dense layer
+    return 0.1  # policy, value and auxiliary-value heads
+
+
+def check_official_init(model):
+    """Every output unit's weight vector has norm official_scale to 1e-6 and every bias is 0; returns the
+    (layer type, scale) pairs seen."""
+    seen = set()
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            scale = official_scale(name)
+            norms = torch.linalg.vector_norm(module.weight.flatten(1), dim=1)
+            torch.testing.assert_close(norms, torch.full_like(norms, scale), atol=1e-6, rtol=0)
+            assert torch.all(module.bias == 0), name
+            seen.add((type(module).__name__, round(scale, 4)))
+    return seen
+
+
+def test_official_init_of_the_procgen_network():
+    torch.manual_seed(0)
+    seen = check_official_init(ppo_ewma.Agent(ProcgenLike()))
+    assert seen == {("Conv2d", 1.0), ("Conv2d", 0.6389), ("Linear", 1.4), ("Linear", 0.1)}
+
+
+def test_value_term_of_the_total_loss_is_half_the_mse():
+    # V = (1, 2), V_targ = (0, 0): L^VF = mean(1, 4) = 2.5; c_VF = 0.5 (Table 1) -> 1.25 = 0.5 * MSE in the total loss,
+    # as the official code's vfcoef * mean((V - V_targ)^2); the earlier 0.5 * c_VF * MSE would give 0.625
+    v_loss = ppo_ewma.value_loss(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]))
+    assert v_loss.item() == pytest.approx(2.5)
+    assert Args().vf_coef * v_loss.item() == pytest.approx(1.25)
+
+
+def test_warning_when_epochs_break_invariance(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    ppo_ewma.train(Args(env_id="CartPole-v1", num_envs=4, batch_divisor=2, num_steps=8, num_minibatches=2,
+                        update_epochs=2, total_timesteps=16, cuda=False))
+    assert "Sec. 4 requires 1 policy epoch" in capsys.readouterr().out

@@ -1,0 +1,69 @@
+"""benchmark/plot.py on event files the test writes: two variants, two seeds, three points each."""
+import os
+import sys
+
+import pytest
+from torch.utils.tensorboard import SummaryWriter
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
+import plot  # noqa: E402
+
+
+def write_run(root, name, points):
+    writer = SummaryWriter(os.path.join(root, name))
+    for step, value in points:
+        writer.add_scalar("charts/episodic_return", value, step)
+    writer.close()
+
+
+@pytest.fixture
+def runs(tmp_path):
+    # variant a_c1 (the largest batch): seed 1 logs 10, 20, 30 at steps 0, 50, 100; seed 2 logs 10, 40, 50
+    # variant a_c4 (a quarter of it):   seed 1 logs 10, 10, 20;                       seed 2 logs 0, 10, 10
+    write_run(tmp_path, "CartPole-v1__a_c1__1__100", [(0, 10), (50, 20), (100, 30)])
+    write_run(tmp_path, "CartPole-v1__a_c1__2__101", [(0, 10), (50, 40), (100, 50)])
+    write_run(tmp_path, "CartPole-v1__a_c4__1__102", [(0, 10), (50, 10), (100, 20)])
+    write_run(tmp_path, "CartPole-v1__a_c4__2__103", [(0, 0), (50, 10), (100, 10)])
+    (tmp_path / "not_a_run").mkdir()
+    return tmp_path
+
+
+def test_grouping_by_the_exp_name(runs):
+    groups = plot.group_runs([str(p) for p in runs.iterdir()], r"__(.+)__\d+__\d+$")
+    assert sorted(groups) == ["a_c1", "a_c4"]
+    assert [os.path.basename(d) for d in groups["a_c1"]] == ["CartPole-v1__a_c1__1__100", "CartPole-v1__a_c1__2__101"]
+
+
+def test_final_table_and_fig_3_measure(runs, capsys):
+    # window 0.5: the points at steps >= 50 of each seed.
+    #   a_c1: seed 1 mean(20, 30) = 25, seed 2 mean(40, 50) = 45 -> 35.0 +- std(25, 45) = 10.0
+    #   a_c4: seed 1 mean(10, 20) = 15, seed 2 mean(10, 10) = 10 -> 12.5 +- 2.5
+    # Fig. 3 measure of family "a": return at c = 1 minus return at c = 4 = 35.0 - 12.5 = 22.5
+    out_png = runs / "docs" / "curves.png"
+    plot.main([str(runs), "--window", "0.5", "--divisor-regex", r"_c(\d+)$", "--out", str(out_png), "--title", "t"])
+    printed = capsys.readouterr().out
+    assert "| a_c1 | 2 | 35.0 +- 10.0 |" in printed
+    assert "| a_c4 | 2 | 12.5 +- 2.5 |" in printed
+    assert "| a | 1-4 | 35.0 | 12.5 | 22.5 |" in printed
+    assert out_png.stat().st_size > 1000  # a PNG was drawn
+
+
+def test_binned_curve_means_per_bin():
+    # bins [0, 50), [50, 100]: values at 0 and 49 -> mean(1, 3) = 2; at 50 and 100 -> mean(5, 7) = 6
+    import numpy as np
+
+    edges = np.array([0.0, 50.0, 100.0 + 1e-9])
+    curve = plot.binned_curve(np.array([0.0, 49.0, 50.0, 100.0]), np.array([1.0, 3.0, 5.0, 7.0]), edges)
+    assert curve.tolist() == [2.0, 6.0]
+
+
+def test_no_matching_run_is_an_error(tmp_path):
+    with pytest.raises(SystemExit, match="no run directory"):
+        plot.main([str(tmp_path)])
+
+
+def test_pivot_grid_in_natural_order(runs, capsys):
+    # rows "a", columns "c1", "c4" from the variant names a_c1, a_c4; same numbers as above (window 0.5)
+    plot.main([str(runs), "--window", "0.5", "--pivot", r"^(\w)_(c\d+)$"])
+    assert "| | c1 | c4 |\n|---|---:|---:|\n| a | 35.0 +- 10.0 | 12.5 +- 2.5 |" in capsys.readouterr().out
+    assert plot.natural_key("k16") > plot.natural_key("k2")
