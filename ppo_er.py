@@ -420,13 +420,13 @@ def train(args: Args) -> dict:
         if args.checkpoint_every and iteration % args.checkpoint_every == 0:
             writer.flush()  # the logs up to the checkpoint are on disk before it is
             save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), make_checkpoint(
-                args, models, optimizers, envs, global_step, iteration, episode_returns, next_obs, next_done,
-                replay=list(replay.batches)))
+                args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
+                next_obs, next_done, replay=list(replay.batches)))
 
     if args.save_model:
         save_checkpoint(os.path.join(run_dir, "model.pt"), make_checkpoint(
-            args, models, optimizers, envs, global_step, iteration, episode_returns, next_obs, next_done,
-            replay=list(replay.batches)))
+            args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
+            next_obs, next_done, replay=list(replay.batches)))
     progress.close(global_step, episode_returns)
     envs.close()
     writer.close()
@@ -594,19 +594,24 @@ class Progress:
             self.print_line(global_step, episode_returns)
 
 
-def make_checkpoint(args, models, optimizers, envs, global_step, iteration, episode_returns, next_obs, next_done,
-                    normalizers=None, **extra) -> dict:
-    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read)."""
+def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
+                    next_obs, next_done, normalizers=None, **extra) -> dict:
+    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read).
+
+    models, optimizers: {name: module or optimizer}; normalizers: {name: object} for running statistics
+    kept outside the env stack (saved as their attributes); None entries are left out; extra: more keys."""
     return {
         "args": asdict(args),
-        "models": {name: model.state_dict() for name, model in models.items()},
+        "models": {name: model.state_dict() for name, model in models.items() if model is not None},
         "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
         "normalizers": {**{name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var),
                                   "count": float(rms.count)} for name, (_, rms) in env_normalizers(envs).items()},
-                        **(normalizers or {})},
+                        **{name: dict(vars(normalizer)) for name, normalizer in (normalizers or {}).items()
+                           if normalizer is not None}},
         "rng": rng_state(),
         "global_step": global_step,
         "iteration": iteration,
+        "num_iterations": num_iterations,
         "episode_returns": list(episode_returns),
         "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
         **extra,
@@ -648,7 +653,7 @@ def resume_from(args: Args) -> tuple:
                          f"(only --cuda/--no-cuda may be given with --resume).")
     checkpoint = load_checkpoint(args.resume, "--resume")
     resumed = replace(Args(**checkpoint["args"]), resume=args.resume, cuda=args.cuda)
-    if checkpoint["iteration"] >= batch_sizes(resumed)[2]:
+    if checkpoint["iteration"] >= checkpoint["num_iterations"]:
         raise SystemExit(f"--resume {args.resume}: that run already finished all {checkpoint['iteration']} iterations.")
     return resumed, checkpoint
 
@@ -660,15 +665,18 @@ def resume_note(args: Args, checkpoint) -> dict:
                         f"from {args.resume}"}
 
 
-def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done) -> tuple:
-    """Load a checkpoint into the live run: (global_step, first iteration to run, next_obs, next_done).
-
-    Gymnasium envs continue exactly where they were; envs that cannot be pickled (Procgen) restart fresh
-    and keep only their normalizers' statistics, so their current episodes are lost."""
+def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done, normalizers=None) -> tuple:
+    """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
+    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be
+    pickled (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
     for name, model in models.items():
-        model.load_state_dict(checkpoint["models"][name])
+        if model is not None:
+            model.load_state_dict(checkpoint["models"][name])
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(checkpoint["optimizers"][name])
+    for name, normalizer in (normalizers or {}).items():
+        if normalizer is not None:
+            vars(normalizer).update(checkpoint["normalizers"][name])
     episode_returns.extend(checkpoint["episode_returns"])
     saved_env = checkpoint["env"]
     if saved_env["state"] is not None:

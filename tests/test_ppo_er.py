@@ -290,7 +290,7 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     (agent.get_policy(obs)[0].sum() + agent.get_value(obs).sum()).backward()
     optimizer.step()
     replay = [{"advantages": torch.arange(6.0).reshape(3, 2)}]
-    checkpoint = ppo_er.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 128, 1, [-900.0],
+    checkpoint = ppo_er.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 128, 1, 4, [-900.0],
                                         torch.zeros(2, 3), torch.zeros(2), replay=replay)
     path = str(tmp_path / "checkpoint.pt")
     ppo_er.save_checkpoint(path, checkpoint)

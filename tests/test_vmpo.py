@@ -327,7 +327,7 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     optimizer.step()  # Adam now has moments and a step count
     next_obs, next_done = torch.zeros(2, 4), torch.zeros(2)
     checkpoint = vmpo.make_checkpoint(args, {"agent": agent, "multipliers": multipliers}, {"optimizer": optimizer},
-                                      envs, 64, 1, [10.0, 12.0], next_obs, next_done)
+                                      envs, 64, 1, 4, [10.0, 12.0], next_obs, next_done)
     path = str(tmp_path / "checkpoint.pt")
     vmpo.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
@@ -361,7 +361,7 @@ def test_observation_and_reward_statistics_round_trip_and_freeze():
     envs.reset(seed=0)
     for _ in range(50):
         envs.step(np.full((2, 1), 0.5, np.float32))
-    saved = vmpo.make_checkpoint(args, {}, {}, envs, 100, 1, [], None, None)["normalizers"]
+    saved = vmpo.make_checkpoint(args, {}, {}, envs, 100, 1, 4, [], None, None)["normalizers"]
     assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
     fresh = vmpo.make_env(args)
     vmpo.load_normalizers(fresh, saved, freeze=True)
@@ -440,17 +440,26 @@ def test_resume_takes_only_cuda_from_the_command_line(monkeypatch, tmp_path):
 def test_resume_procgen_restarts_its_envs_fresh(monkeypatch, tmp_path):
     pytest.importorskip("procgen")
     monkeypatch.chdir(tmp_path)
-    args = vmpo.Args(env_id="starpilot", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=32,
-                     checkpoint_every=1, cuda=False)
-    monkeypatch.setattr(vmpo, "batch_sizes", lambda args: (16, 8, 1))  # stop after iteration 1 of 2
-    first = vmpo.train(args)
-    monkeypatch.undo()
-    monkeypatch.chdir(tmp_path)
-    checkpoint = torch.load(f"{first['run_dir']}/checkpoint.pt")
-    assert checkpoint["env"]["state"] is None and "reward" in checkpoint["normalizers"]
-    resumed = vmpo.train(vmpo.Args(resume=f"{first['run_dir']}/checkpoint.pt", cuda=False))
+    real_save = vmpo.save_checkpoint
+
+    def save_then_die_at_iteration_2(path, checkpoint):
+        if checkpoint["iteration"] == 2:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(vmpo, "save_checkpoint", save_then_die_at_iteration_2)
+    with pytest.raises(Killed):
+        vmpo.train(vmpo.Args(env_id="starpilot", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=32,
+                             checkpoint_every=1, cuda=False))
+    monkeypatch.setattr(vmpo, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob("runs/starpilot__*")
+    checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
+    assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] is None  # Procgen cannot be pickled
+    assert "reward" in checkpoint["normalizers"]
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
     assert resumed["global_step"] == 32
-    assert len(read_scalars(first["run_dir"])["losses/policy_loss"]) == 2
+    assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [16, 32]
 
 
 def test_evaluation_of_a_saved_cartpole_checkpoint(monkeypatch, tmp_path, capsys):
