@@ -876,10 +876,11 @@ def resume_note(args: Args, checkpoint) -> dict:
                         f"from {args.resume}"}
 
 
-def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done, normalizers=None) -> tuple:
+def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done,
+                normalizers=None) -> tuple:
     """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
-    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be
-    pickled (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
+    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
+    (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
     for name, model in models.items():
         if model is not None:
             model.load_state_dict(checkpoint["models"][name])
