@@ -466,7 +466,7 @@ def train(args: Args) -> dict:
         keep_freed_memory()
 
     envs = make_env(args)
-    run_dir = make_run_dir(args)
+    run_dir = make_run_dir(args, f"{args.env_id}__{args.exp_name}__{args.seed}")
     print_startup(args, device_note, run_dir, steps=f"{num_iterations * batch_size:,} in {num_iterations:,} iterations "
                   f"of {batch_size:,} ({args.num_envs} envs x {args.num_steps} steps)", **resume_note(args, checkpoint))
     writer = open_writer(run_dir, args, checkpoint)
@@ -703,16 +703,21 @@ def check_ranges(args, ranges: dict) -> None:
             raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
 
 
-def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
-    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's when used) cannot hold."""
+def available_memory(cuda: bool) -> dict:
+    """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
     available = {}
     if cuda and torch.cuda.is_available():
         available["GPU memory"] = torch.cuda.mem_get_info()[0]
-    if os.path.exists("/proc/meminfo"):  # Linux; elsewhere only the GPU is checked
+    if os.path.exists("/proc/meminfo"):
         with open("/proc/meminfo") as meminfo:
             lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
         available.update({"memory": int(lines[0][1]) * 1024} if lines else {})
-    for kind, free in available.items():
+    return available
+
+
+def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
+    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
+    for kind, free in available_memory(cuda).items():
         if num_bytes > free:
             raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
                              f"is available; lower {flags}.")
@@ -736,11 +741,11 @@ def choose_device(cuda: bool) -> tuple:
     return torch.device("cpu"), "cpu (--no-cuda)"
 
 
-def make_run_dir(args: Args, kind: str = "") -> str:
-    """runs/{env_id}__{exp_name}__{seed}[__eval]__{time}, made only now; a resumed run keeps its own directory."""
+def make_run_dir(args: Args, name: str) -> str:
+    """runs/{name}__{time}, made only now that every check passed; a resumed run keeps its own directory."""
     if args.resume is not None:
         return os.path.dirname(args.resume) or "."
-    run_dir = os.path.join("runs", f"{args.env_id}__{args.exp_name}__{args.seed}{kind}__{int(time.time())}")
+    run_dir = os.path.join("runs", f"{name}__{int(time.time())}")
     os.makedirs(run_dir, exist_ok=True)
     return run_dir
 
@@ -1016,7 +1021,7 @@ def evaluate(args: Args) -> dict:
     device, device_note = choose_device(args.cuda)
     envs = make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
     load_normalizers(envs, checkpoint["normalizers"], freeze=True)
-    run_dir = make_run_dir(run_args, "__eval")
+    run_dir = make_run_dir(run_args, f"{run_args.env_id}__{run_args.exp_name}__{run_args.seed}__eval")
     print_startup(run_args, device_note, run_dir,
                   checkpoint=f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
                   episodes=f"{args.eval_episodes}, actions sampled as in training, normalization frozen")

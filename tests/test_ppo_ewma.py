@@ -184,7 +184,8 @@ def test_every_divisor_of_the_paper_sweep_is_accepted():
     for c in (1, 4, 16, 64, 256):
         args = apply_batch_divisor(Args(batch_divisor=c))
         assert args.num_envs == 256 // c
-        ppo_ewma.check_args(Args(batch_divisor=c))  # the command line's flags; c = 256: one env, 8 minibatches of 32 steps
+        # check_args takes the command line's flags; c = 256: one env, 8 minibatches of 32 timesteps
+        ppo_ewma.check_args(Args(batch_divisor=c))
         assert ppo_ewma.batch_sizes(args)[1] == 256 * 256 // c // 8
 
 
@@ -576,6 +577,6 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert "\r" not in out
     lines = out.splitlines()
     assert lines[0].startswith("PPO and PPO-EWMA") and "Hilton, Cobbe & Schulman" in lines[0]
-    assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
-                          f"  run dir    {result['run_dir']}", "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
+    assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)", f"  run dir    {result['run_dir']}",
+                          "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
     assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # many episodes ended: no line for each
