@@ -957,6 +957,8 @@ def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs,
     if saved_env["state"] is not None:
         restore_env_state(envs, saved_env["state"])
         next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
+    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
+        next_done = torch.ones_like(next_done)
     load_normalizers(envs, checkpoint["normalizers"])
     set_rng_state(checkpoint["rng"])
     return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done

@@ -115,7 +115,7 @@ class Args:
     """E-step KL bound epsilon_eta (not in the paper's text: a widely used choice)"""
     alpha_init: float = 5.0
     """initial KL multiplier alpha, discrete actions (not in the paper's text: a widely used choice). Here alpha
-    is a Lagrange multiplier; in ppo_er.py alpha is the annealing factor, in the batch-size-invariance paper a step size"""
+    is a Lagrange multiplier; in ppo_er.py it is an annealing factor, in the batch-size-invariance paper a step size"""
     eps_alpha: float = 0.005
     """M-step KL bound epsilon_alpha, discrete actions (not in the paper's text: a widely used choice)"""
     alpha_mean_init: float = 1.0
@@ -899,6 +899,8 @@ def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs,
     if saved_env["state"] is not None:
         restore_env_state(envs, saved_env["state"])
         next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
+    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
+        next_done = torch.ones_like(next_done)
     load_normalizers(envs, checkpoint["normalizers"])
     set_rng_state(checkpoint["rng"])
     return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
