@@ -95,16 +95,20 @@ def pivot_table(finals, pivot_regex):
 
 
 def invariance_table(finals, divisor_regex):
-    """Fig. 3: per family, final return at the smallest c (largest batch) minus the one at the largest c."""
+    """Fig. 3: per family, final return at the smallest c (largest batch) minus the one at the largest c,
+    with the standard error of that difference of two means over seeds."""
     families = defaultdict(dict)
     for name, x in finals.items():
         match = re.search(divisor_regex, name)
         if match:
-            families[name[:match.start()] + name[match.end():]][int(match.group(1))] = np.mean(x)
-    lines = ["| family | c range | return at largest batch | at smallest batch | difference |", "|---|---|---:|---:|---:|"]
+            families[name[:match.start()] + name[match.end():]][int(match.group(1))] = x
+    lines = ["| family | c range | return at largest batch | at smallest batch | difference +- s.e. |",
+             "|---|---|---:|---:|---:|"]
     for family, by_c in families.items():
-        low, high = min(by_c), max(by_c)
-        lines.append(f"| {family} | {low}-{high} | {by_c[low]:.1f} | {by_c[high]:.1f} | {by_c[low] - by_c[high]:.1f} |")
+        large, small = by_c[min(by_c)], by_c[max(by_c)]
+        stderr = np.sqrt(sum(np.var(x, ddof=1) / len(x) for x in (large, small))) if min(len(large), len(small)) > 1 else np.nan
+        lines.append(f"| {family} | {min(by_c)}-{max(by_c)} | {np.mean(large):.1f} | {np.mean(small):.1f} | "
+                     f"{np.mean(large) - np.mean(small):.1f} +- {stderr:.1f} |")
     return "\n".join(lines)
 
 
@@ -151,6 +155,10 @@ def main(argv=None):
     if not groups:
         raise SystemExit(f"no run directory under {args.runs} matches --group {args.group!r}")
     finals = summarize(groups, args.tag, args.window)
+    groups = {name: dirs for name, dirs in groups.items() if not np.all(np.isnan(finals[name]))}  # tag logged
+    finals = {name: finals[name] for name in groups}
+    if not groups:
+        raise SystemExit(f"no run under {args.runs} logged {args.tag}")
     print(final_table(finals, args.window))
     if args.pivot:
         print()

@@ -38,13 +38,15 @@ def test_final_table_and_fig_3_measure(runs, capsys):
     # window 0.5: the points at steps >= 50 of each seed.
     #   a_c1: seed 1 mean(20, 30) = 25, seed 2 mean(40, 50) = 45 -> 35.0 +- std(25, 45) = 10.0
     #   a_c4: seed 1 mean(10, 20) = 15, seed 2 mean(10, 10) = 10 -> 12.5 +- 2.5
-    # Fig. 3 measure of family "a": return at c = 1 minus return at c = 4 = 35.0 - 12.5 = 22.5
+    # Fig. 3 measure of family "a": return at c = 1 minus return at c = 4 = 35.0 - 12.5 = 22.5, with standard error
+    #   sqrt(s1^2/2 + s4^2/2), sample variances s1^2 = ((25-35)^2 + (45-35)^2)/1 = 200, s4^2 = (2.5^2 * 2)/1 = 12.5:
+    #   sqrt(100 + 6.25) = 10.31
     out_png = runs / "docs" / "curves.png"
     plot.main([str(runs), "--window", "0.5", "--divisor-regex", r"_c(\d+)$", "--out", str(out_png), "--title", "t"])
     printed = capsys.readouterr().out
     assert "| a_c1 | 2 | 35.0 +- 10.0 |" in printed
     assert "| a_c4 | 2 | 12.5 +- 2.5 |" in printed
-    assert "| a | 1-4 | 35.0 | 12.5 | 22.5 |" in printed
+    assert "| a | 1-4 | 35.0 | 12.5 | 22.5 +- 10.3 |" in printed
     assert out_png.stat().st_size > 1000  # a PNG was drawn
 
 

@@ -2,6 +2,8 @@
 import dataclasses
 import glob
 import math
+import time
+from typing import Optional
 
 import numpy as np
 import pytest
@@ -162,11 +164,54 @@ def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_auxiliary_phase():
 
 
 def test_check_args_stops_when_the_auxiliary_buffer_does_not_fit(monkeypatch):
-    monkeypatch.setattr(ppg_ewma, "available_memory_bytes", lambda: 2**30)
+    monkeypatch.setattr(ppg_ewma, "available_memory", lambda cuda: {"memory": 2**30})
     # 32 * 256 * 256 samples * (12288 obs + 4 target + 15 * 4 logits bytes) = 25,904,021,504 B = 24.1 GiB
     with pytest.raises(SystemExit, match=r"24\.1 GiB.*1\.0 GiB.*--n-pi, --num-envs or --num-steps"):
         check_args(Args())
     check_args(Args(n_pi=2, num_envs=16, num_steps=64, aux_minibatch_size=64))  # 2048 * 12352 B = 24 MiB fits
+
+
+def test_every_numeric_flag_has_a_range():
+    numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
+    assert numeric == set(ppg_ewma.FLAG_RANGES)
+
+
+@pytest.mark.parametrize("change, flag", [
+    ({"ewma_com": -2.0}, "--ewma-com"),
+    ({"beta_clone": -1.0}, "--beta-clone"),
+    ({"adam_beta1": 1.5}, "--adam-beta1"),
+    ({"gae_lambda": 2.0}, "--gae-lambda"),
+    ({"gamma": 1.5}, "--gamma"),
+    ({"learning_rate": -1.0}, "--learning-rate"),
+    ({"aux_learning_rate": 0.0}, "--aux-learning-rate"),
+    ({"clip_coef": -0.1}, "--clip-coef"),
+    ({"ent_coef": -5.0}, "--ent-coef"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm"),
+    ({"update_epochs": 0}, "--update-epochs"),
+    ({"value_epochs": -1}, "--value-epochs"),
+    ({"aux_epochs": -1}, "--aux-epochs"),
+    ({"n_pi": 0}, "--n-pi"),
+    ({"aux_minibatch_size": 0}, "--aux-minibatch-size"),
+    ({"aux_minibatch_size": 48}, "--aux-minibatch-size 48"),  # 32-step trajectories: neither whole nor pieces
+    ({"seed": -1}, "--seed"),
+    ({"num_envs": 0}, "--num-envs"),
+    ({"num_envs": -3}, "--num-envs"),
+    ({"num_minibatches": 3}, "--num-minibatches 3"),
+    ({"batch_divisor": 3}, "--batch-divisor 3"),
+    ({"max_is_ratio": 0.5}, "--max-is-ratio"),
+    ({"checkpoint_every": -1}, "--checkpoint-every"),
+    ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
+    ({"env_id": "Pendulum-v1"}, "--env-id Pendulum-v1 has Box"),
+    ({"n_pi": 10**8}, "--n-pi, --num-envs or --num-steps"),  # the auxiliary buffer cannot fit in memory
+    ({"resume": "missing.pt"}, "--resume"),
+    ({"eval_checkpoint": "missing.pt"}, "--eval-checkpoint"),
+])
+def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, change, flag):
+    monkeypatch.chdir(tmp_path)
+    args = dataclasses.replace(tiny_args(env_id="CartPole-v1"), **change)
+    with pytest.raises(SystemExit, match=flag):
+        ppg_ewma.train(args)
+    assert not (tmp_path / "runs").exists()
 
 
 def test_check_args_rejects_an_aux_minibatch_size_that_does_not_divide_the_phase():
@@ -313,3 +358,114 @@ def test_kl_objective_runs_for_the_fig_2_reference_line(tmp_path, monkeypatch):
     assert all(coef == 1 / 256 for coef, _ in seen)
     assert seen[0][1] < 1e-6  # the first step of an iteration: pi = pi_prox = pi_behav, so KL = 0
     assert np.all(np.isfinite(scalars(result["run_dir"])["losses/policy_loss"]))
+
+
+# ------------------------------------------------------------- checkpoints, resume, evaluation
+def scalars_with_steps(run_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(tmp_path):
+    args = tiny_args(env_id="CartPole-v1")
+    envs = ppg_ewma.make_env(args)
+    torch.manual_seed(0)
+    policy, value_net = ppg_ewma.PolicyNetwork(envs), ppg_ewma.ValueNetwork(envs)
+    ewma_policy = ppg_ewma.PolicyNetwork(envs)
+    optimizer = torch.optim.Adam([*policy.parameters(), *value_net.parameters()], lr=5e-4)
+    aux_optimizer = torch.optim.Adam([*policy.parameters(), *value_net.parameters()], lr=5e-4)
+    obs = torch.tensor([[0.1, -0.2, 0.03, 0.4], [1.0, 0.5, -0.5, 0.0]])
+    (policy.get_logits(obs).sum() + value_net(obs).sum()).backward()
+    aux_optimizer.step()  # only the auxiliary Adam has state
+    models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
+    optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
+    checkpoint = ppg_ewma.make_checkpoint(args, models, optimizers, envs, 128, 2, 6, [], torch.zeros(4, 4),
+                                          torch.zeros(4), {}, ewma_weight=1.9)
+    ppg_ewma.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
+    loaded = ppg_ewma.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume")
+
+    torch.manual_seed(1)
+    fresh = {"policy": ppg_ewma.PolicyNetwork(envs), "value_net": ppg_ewma.ValueNetwork(envs),
+             "ewma_policy": ppg_ewma.PolicyNetwork(envs)}
+    params = [*fresh["policy"].parameters(), *fresh["value_net"].parameters()]
+    fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
+    assert not torch.equal(fresh["value_net"](obs), value_net(obs))
+    ppg_ewma.restore_run(loaded, fresh, fresh_optimizers, envs, [], torch.ones(4, 4), torch.ones(4))
+    assert torch.equal(fresh["policy"].get_logits(obs), policy.get_logits(obs))
+    assert torch.equal(fresh["value_net"](obs), value_net(obs))
+    assert torch.equal(fresh["ewma_policy"].get_logits(obs), ewma_policy.get_logits(obs))
+    assert fresh_optimizers["optimizer"].state_dict()["state"] == {}
+    assert fresh_optimizers["aux_optimizer"].state_dict()["state"][0]["step"].item() == 1
+    assert fresh_optimizers["aux_optimizer"].param_groups[0]["lr"] == 5e-4  # the saved one, not Adam's default
+    assert loaded["ewma_weight"] == 1.9
+    envs.close()
+
+
+def test_checkpoints_are_written_at_the_first_phase_end_after_every_k_iterations(tmp_path, monkeypatch):
+    # N_pi = 2, 6 iterations, --checkpoint-every 3: phases end at 2, 4, 6; the phase 3-4 reaches 3, 5-6 reaches 6
+    monkeypatch.chdir(tmp_path)
+    saved = []
+    monkeypatch.setattr(ppg_ewma, "save_checkpoint", lambda path, checkpoint: saved.append(checkpoint["iteration"]))
+    ppg_ewma.train(tiny_args(env_id="CartPole-v1", total_timesteps=6 * 128, checkpoint_every=3))
+    assert saved == [4, 6]
+
+
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
+def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch):
+    """3 phases of N_pi = 2 on CartPole. The killed run checkpoints at every phase end and dies while
+    writing the one of iteration 4 (after iterations 3-4 and their auxiliary phase were logged); resumed
+    from iteration 2's, it starts phase 2 afresh and must log exactly what an uninterrupted run logs."""
+    monkeypatch.chdir(tmp_path)
+    config = dict(env_id="CartPole-v1", total_timesteps=6 * 128)
+    full = ppg_ewma.train(tiny_args(exp_name="full", **config))
+
+    real_save = ppg_ewma.save_checkpoint
+
+    def save_then_die_at_iteration_4(path, checkpoint):
+        if checkpoint["iteration"] == 4:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ppg_ewma, "save_checkpoint", save_then_die_at_iteration_4)
+    with pytest.raises(Killed):
+        ppg_ewma.train(tiny_args(exp_name="killed", checkpoint_every=1, **config))
+    monkeypatch.setattr(ppg_ewma, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob("runs/*__killed__*")
+
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    resumed = ppg_ewma.train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    assert resumed["global_step"] == full["global_step"] == 768
+    assert resumed["mean_return"] == full["mean_return"]
+    expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
+    for logged in (expected, got):
+        for timing in ("charts/SPS", "charts/policy_phase_time", "charts/aux_phase_time"):
+            del logged[timing]
+    assert len(got["losses/policy_loss"]) == 6 and len(got["losses/aux_clone_kl"]) == 3
+    assert got == expected
+
+
+def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained = ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="trained", total_timesteps=256, save_model=True))
+    result = ppg_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])
+    scalars = scalars_with_steps(result["run_dir"])
+    assert scalars["eval/mean_return"] == [(256, pytest.approx(result["mean_return"]))]
+    assert scalars["eval/std_return"] == [(256, pytest.approx(result["std_return"]))]
+    assert f"mean return {result['mean_return']:.2f}" in capsys.readouterr().out
+
+
+def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="quiet", total_timesteps=512))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("PPG and PPG-EWMA") and "Phasic policy gradient" in lines[0]
+    assert lines[4] == "  steps      512 in 4 iterations of 128 (4 envs x 32 steps), phases of 2"
+    assert len(lines) == 6 and lines[5].startswith("step 512/512 (100%)")

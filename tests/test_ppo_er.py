@@ -1,5 +1,11 @@
 """Worked examples for ppo_er.py: each test states its inputs, the hand arithmetic and the result."""
+import dataclasses
+import glob
 import math
+import os
+import sys
+import time
+from typing import Optional
 
 import gymnasium as gym
 import numpy as np
@@ -8,6 +14,7 @@ import torch
 from gymnasium.wrappers.utils import RunningMeanStd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import ppo_er
 from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, make_env, ppo_er_loss,
                     train)
 
@@ -167,20 +174,70 @@ def test_final_obs_for_the_bootstrap_is_normalized_like_other_obs():
     envs.close()
 
 
+def test_every_numeric_flag_has_a_range():
+    numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
+    assert numeric == set(ppo_er.FLAG_RANGES)
+
+
 @pytest.mark.parametrize("changes, flag", [
     ({"env_id": "starpilot"}, "--env-id"),
     ({"env_id": "CartPole-v1"}, "--env-id"),
     ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
-    ({"num_envs": 3}, "--num-envs"),
-    ({"minibatch_size": 100}, "--minibatch-size"),
-    ({"num_envs": 8, "minibatch_size": 4, "batch_size": 64}, "--minibatch-size"),
+    ({"num_envs": 0}, "--num-envs"),
+    ({"num_envs": -3}, "--num-envs"),
+    ({"num_steps": 0}, "--num-steps"),
+    ({"num_minibatches": 0}, "--num-minibatches"),
+    ({"num_minibatches": 3}, "--num-minibatches"),  # 64 steps per actor do not split into 3
+    ({"num_minibatches": 128}, "--num-minibatches"),  # more minibatches than samples per actor
     ({"replay_batches": 0}, "--replay-batches"),
+    ({"update_epochs": 0}, "--update-epochs"),
+    ({"total_timesteps": 0}, "--total-timesteps"),
+    ({"gae_lambda": 2.0}, "--gae-lambda"),
+    ({"gamma": 1.5}, "--gamma"),
+    ({"learning_rate": -1.0}, "--learning-rate"),
+    ({"adam_eps": 0.0}, "--adam-eps"),
+    ({"clip_coef": -0.1}, "--clip-coef"),
+    ({"vf_coef": -1.0}, "--vf-coef"),
+    ({"ent_coef": -5.0}, "--ent-coef"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm"),
+    ({"seed": -1}, "--seed"),
+    ({"checkpoint_every": -1}, "--checkpoint-every"),
+    ({"num_envs": 10**8}, "--num-envs"),  # the rollout and replay buffers cannot fit in memory
+    ({"resume": "missing.pt"}, "--resume"),
+    ({"eval_checkpoint": "missing.pt"}, "--eval-checkpoint"),
+    ({"eval_checkpoint": "missing.pt", "eval_episodes": 0}, "--eval-episodes"),
 ])
-def test_bad_input_is_refused(changes, flag, tmp_path, monkeypatch):
+def test_bad_input_names_the_flag_and_leaves_no_run_dir(changes, flag, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    args = Args(**{"env_id": "Pendulum-v1", "total_timesteps": 64, "batch_size": 64, **changes})
+    args = Args(**{"env_id": "Pendulum-v1", "total_timesteps": 64, "num_steps": 64, **changes})
     with pytest.raises(SystemExit, match=flag):
         train(args)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_memory_check_says_how_much_the_buffers_need(tmp_path, monkeypatch):
+    # Pendulum: 3 obs + 3 x 1 action floats = 6; rollout 6 + 3 = 9 floats, each of L = 2 stored batches and
+    # their concatenation 6 + 2 = 8: 4 B x (9 + 2 x 2 x 8) = 164 B per sample;
+    # 10^8 x 64 x 164 B = 1.0496e12 B = 977.5 GiB
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"need 977\.5 GiB .* lower --num-envs, --num-steps or --replay-batches"):
+        train(Args(env_id="Pendulum-v1", num_envs=10**8, num_steps=64))
+
+
+def test_runs_path_that_is_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(SystemExit, match="runs is a file"):
+        train(Args(env_id="Pendulum-v1", total_timesteps=64, num_steps=64))
+    assert (tmp_path / "runs").read_text() == "not a directory"
+
+
+def test_capture_video_without_moviepy_says_so_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # makes `import moviepy` fail
+    with pytest.raises(SystemExit, match="--capture-video needs the moviepy package"):
+        train(Args(eval_checkpoint="any.pt", capture_video=True))
+    assert not (tmp_path / "runs").exists()
 
 
 def read_scalars(run_dir):
@@ -193,8 +250,8 @@ def read_scalars(run_dir):
 def test_train_smoke(env_id, num_envs, tmp_path, monkeypatch):
     # two iterations of N = 128: the first trains on one batch, the second on two (one replayed)
     monkeypatch.chdir(tmp_path)
-    args = Args(exp_name="smoke", env_id=env_id, num_envs=num_envs, total_timesteps=256, batch_size=128,
-                minibatch_size=32, update_epochs=2, cuda=False)
+    args = Args(exp_name="smoke", env_id=env_id, num_envs=num_envs, total_timesteps=256, num_steps=128 // num_envs,
+                num_minibatches=4, update_epochs=2, cuda=False)
     result = train(args)
     assert result["global_step"] == 256
     scalars = read_scalars(tmp_path / result["run_dir"])
@@ -207,3 +264,123 @@ def test_train_smoke(env_id, num_envs, tmp_path, monkeypatch):
         assert len(scalars[tag]) == 2 and np.all(np.isfinite(scalars[tag])), tag
     if env_id == "Pendulum-v1":  # a 200-step episode ended: its raw return is a Pendulum score
         assert -2000 < result["mean_return"] < 0 and "charts/episodic_return" in scalars
+
+
+# ------------------------------------------------------------- checkpoints, resume, evaluation
+TINY_PENDULUM = dict(env_id="Pendulum-v1", num_envs=2, num_steps=64, num_minibatches=4, update_epochs=2, cuda=False)
+
+
+def scalars_with_steps(run_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_path):
+    args = Args(**TINY_PENDULUM)
+    envs = make_env(args)
+    envs.reset(seed=0)
+    for _ in range(30):  # observation and reward statistics away from their initial values
+        envs.step(np.full((2, 1), 0.5, np.float32))
+    torch.manual_seed(0)
+    agent = ppo_er.Agent(envs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=3e-4)
+    obs = torch.tensor([[0.1, -0.2, 0.3], [1.0, 0.5, -0.5]])
+    (agent.get_policy(obs)[0].sum() + agent.get_value(obs).sum()).backward()
+    optimizer.step()
+    replay = [{"advantages": torch.arange(6.0).reshape(3, 2)}]
+    checkpoint = ppo_er.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 128, 1, 4, [-900.0],
+                                        torch.zeros(2, 3), torch.zeros(2), replay=replay)
+    path = str(tmp_path / "checkpoint.pt")
+    ppo_er.save_checkpoint(path, checkpoint)
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
+
+    loaded = ppo_er.load_checkpoint(path, "--resume")
+    torch.manual_seed(1)
+    fresh = ppo_er.Agent(envs)
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=3e-4)
+    assert not torch.equal(fresh.get_value(obs), agent.get_value(obs))
+    fresh.load_state_dict(loaded["models"]["agent"])
+    fresh_optimizer.load_state_dict(loaded["optimizers"]["optimizer"])
+    restored, saved = (*fresh.get_policy(obs), fresh.get_value(obs)), (*agent.get_policy(obs), agent.get_value(obs))
+    assert all(torch.equal(r, s) for r, s in zip(restored, saved))
+    saved_state, restored_state = optimizer.state_dict()["state"], fresh_optimizer.state_dict()["state"]
+    assert restored_state.keys() == saved_state.keys() and len(saved_state) > 0
+    assert all(torch.equal(restored_state[i]["exp_avg_sq"], saved_state[i]["exp_avg_sq"]) for i in saved_state)
+    assert torch.equal(loaded["replay"][0]["advantages"], replay[0]["advantages"])
+    fresh_envs = make_env(args)
+    ppo_er.load_normalizers(fresh_envs, loaded["normalizers"])
+    for name, (_, rms) in ppo_er.env_normalizers(envs).items():
+        restored = ppo_er.env_normalizers(fresh_envs)[name][1]
+        assert np.array_equal(restored.mean, rms.mean) and np.array_equal(restored.var, rms.var), name
+    assert set(loaded["normalizers"]) == {"reward", "obs_0", "obs_1"}
+    envs.close()
+    fresh_envs.close()
+
+
+def test_no_reward_normalization_switch(tmp_path, monkeypatch):
+    envs = make_env(Args(env_id="Pendulum-v1", norm_reward=False))
+    assert set(ppo_er.env_normalizers(envs)) == {"obs_0"}
+    envs.close()
+
+
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
+def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch):
+    """Pendulum, L = 2, 4 iterations. The killed run dies while writing iteration 3's checkpoint, after logging
+    iteration 3; resumed from iteration 2's, with its replay memory, it must log exactly what an
+    uninterrupted run logs (iteration 3's first attempt is dropped by TensorBoard)."""
+    monkeypatch.chdir(tmp_path)
+    config = dict(TINY_PENDULUM, total_timesteps=4 * 128)
+    full = train(Args(exp_name="full", **config))
+
+    real_save = ppo_er.save_checkpoint
+
+    def save_then_die_at_iteration_3(path, checkpoint):
+        if checkpoint["iteration"] == 3:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ppo_er, "save_checkpoint", save_then_die_at_iteration_3)
+    with pytest.raises(Killed):
+        train(Args(exp_name="killed", checkpoint_every=1, **config))
+    monkeypatch.setattr(ppo_er, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob("runs/*__killed__*")
+    assert len(torch.load(f"{run_dir}/checkpoint.pt")["replay"]) == 2
+
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    resumed = train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"] == 512
+    assert resumed["mean_return"] == full["mean_return"]
+    expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
+    del expected["charts/SPS"], got["charts/SPS"]
+    assert len(got["losses/policy_loss"]) == 4 and got["charts/replay_batches"][2:] == [(384, 2.0), (512, 2.0)]
+    assert got == expected
+
+
+def test_evaluation_of_a_saved_pendulum_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained = train(Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_PENDULUM))
+    result = train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=2, cuda=False))
+    assert len(result["returns"]) == 2 and all(-2000 < r < 0 for r in result["returns"])  # 200-step Pendulum scores
+    assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
+    scalars = scalars_with_steps(result["run_dir"])
+    assert scalars["eval/mean_return"] == [(128, pytest.approx(result["mean_return"]))]
+    assert scalars["eval/std_return"] == [(128, pytest.approx(result["std_return"]))]
+    assert f"mean return {result['mean_return']:.2f}" in capsys.readouterr().out
+
+
+def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = train(Args(exp_name="quiet", total_timesteps=256, **TINY_PENDULUM))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("PPO with multi-batch experience replay (PPO-ER): Han & Sung")
+    assert lines[1:5] == ["  env        Pendulum-v1", "  device     cpu (--no-cuda)",
+                          f"  run dir    {result['run_dir']}",
+                          "  steps      256 in 2 iterations of N = 128 (2 actors x 64 steps); M = 32, L = 2"]
+    assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")

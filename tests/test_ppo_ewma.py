@@ -1,7 +1,13 @@
 """Worked examples for ppo_ewma.py: every number below is computed by hand in the comment above it."""
+import dataclasses
 import glob
 import math
+import os
+import sys
+import time
+from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 import torch.nn as nn
@@ -178,21 +184,69 @@ def test_every_divisor_of_the_paper_sweep_is_accepted():
     for c in (1, 4, 16, 64, 256):
         args = apply_batch_divisor(Args(batch_divisor=c))
         assert args.num_envs == 256 // c
-        ppo_ewma.check_args(args)  # c = 256: one env, 256 samples, 8 minibatches of 32 timesteps
+        # check_args takes the command line's flags; c = 256: one env, 8 minibatches of 32 timesteps
+        ppo_ewma.check_args(Args(batch_divisor=c))
         assert ppo_ewma.batch_sizes(args)[1] == 256 * 256 // c // 8
 
 
-def test_bad_input_names_the_flag(tmp_path, monkeypatch):
+def test_every_numeric_flag_has_a_range():
+    numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
+    assert numeric == set(ppo_ewma.FLAG_RANGES)
+
+
+@pytest.mark.parametrize("change, flag", [
+    ({"batch_divisor": 3}, "--batch-divisor 3"),  # does not divide 2 envs
+    ({"batch_divisor": 0}, "--batch-divisor"),
+    ({"num_minibatches": 3}, "--num-minibatches 3"),
+    ({"env_id": "NoSuchEnv-v0"}, "--env-id 'NoSuchEnv-v0'"),
+    ({"env_id": "Pendulum-v1"}, "--env-id Pendulum-v1 has Box"),  # continuous actions
+    ({"gae_lambda": 2.0}, "--gae-lambda"),
+    ({"gamma": 1.5}, "--gamma"),
+    ({"reward_norm_gamma": 1.5}, "--reward-norm-gamma"),
+    ({"learning_rate": -1.0}, "--learning-rate"),
+    ({"clip_coef": -0.1}, "--clip-coef"),
+    ({"ent_coef": -5.0}, "--ent-coef"),
+    ({"vf_coef": -1.0}, "--vf-coef"),
+    ({"kl_coef": -1.0}, "--kl-coef"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm"),
+    ({"max_is_ratio": 1.0}, "--max-is-ratio"),
+    ({"update_epochs": 0}, "--update-epochs"),
+    ({"adam_beta1": 1.5}, "--adam-beta1"),
+    ({"adam_eps": 0.0}, "--adam-eps"),
+    ({"ewma_com": -2.0}, "--ewma-com"),
+    ({"adv_norm_span": 0.5}, "--adv-norm-span"),
+    ({"seed": -1}, "--seed"),
+    ({"num_envs": 0}, "--num-envs"),
+    ({"num_envs": -3}, "--num-envs"),
+    ({"num_steps": 0}, "--num-steps"),
+    ({"total_timesteps": 0}, "--total-timesteps"),
+    ({"checkpoint_every": -1}, "--checkpoint-every"),
+    ({"num_envs": 2 * 10**9}, "--num-envs"),  # the rollout buffers cannot fit in memory
+    ({"resume": "missing.pt"}, "--resume"),
+    ({"eval_checkpoint": "missing.pt"}, "--eval-checkpoint"),
+    ({"eval_checkpoint": "missing.pt", "eval_episodes": 0}, "--eval-episodes"),
+])
+def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, change, flag):
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit, match="--batch-divisor 3"):
-        apply_batch_divisor(Args(batch_divisor=3))
-    with pytest.raises(SystemExit, match="--num-minibatches 8"):
-        ppo_ewma.train(Args(num_envs=1, num_steps=4, env_id="CartPole-v1"))
-    with pytest.raises(SystemExit, match="--env-id 'NoSuchEnv-v0'"):
-        ppo_ewma.train(Args(env_id="NoSuchEnv-v0"))
-    with pytest.raises(SystemExit, match="--env-id Pendulum-v1 has a continuous action space"):
-        ppo_ewma.train(Args(env_id="Pendulum-v1", num_envs=2, num_steps=8, num_minibatches=2))
+    args = dataclasses.replace(Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2), **change)
+    with pytest.raises(SystemExit, match=flag):
+        ppo_ewma.train(args)
     assert not (tmp_path / "runs").exists()  # refused before any work
+
+
+def test_runs_path_that_is_a_file_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(SystemExit, match="runs is a file"):
+        ppo_ewma.train(Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2))
+
+
+def test_capture_video_without_moviepy_says_so_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # makes `import moviepy` fail
+    with pytest.raises(SystemExit, match="--capture-video needs the moviepy package"):
+        ppo_ewma.train(Args(eval_checkpoint="any.pt", capture_video=True))
+    assert not (tmp_path / "runs").exists()
 
 
 def scalars(run_dir):
@@ -412,3 +466,117 @@ def test_warning_when_epochs_break_invariance(tmp_path, monkeypatch, capsys):
     ppo_ewma.train(Args(env_id="CartPole-v1", num_envs=4, batch_divisor=2, num_steps=8, num_minibatches=2,
                         update_epochs=2, total_timesteps=16, cuda=False))
     assert "Sec. 4 requires 1 policy epoch" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------- checkpoints, resume, evaluation
+TINY_CARTPOLE = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, gamma=0.99, cuda=False)
+
+
+def scalars_with_steps(run_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_path):
+    args = Args(**TINY_CARTPOLE)
+    envs = ppo_ewma.make_env(args)
+    torch.manual_seed(0)
+    agent = ppo_ewma.Agent(envs)
+    ewma_agent = ppo_ewma.Agent(envs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
+    obs = torch.tensor([[0.1, -0.2, 0.03, 0.4], [1.0, 0.5, -0.5, 0.0]])
+    agent.get_logits(obs).sum().backward()
+    optimizer.step()
+    reward_normalizer, adv_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
+    reward_normalizer(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
+    adv_moments.update(torch.tensor([1.0, 3.0]))
+    checkpoint = ppo_ewma.make_checkpoint(
+        args, {"agent": agent, "ewma_agent": ewma_agent}, {"optimizer": optimizer}, envs, 64, 1, 4, [],
+        torch.zeros(2, 4), torch.zeros(2), {"reward": reward_normalizer, "advantages": adv_moments}, ewma_weight=2.5)
+    path = str(tmp_path / "checkpoint.pt")
+    ppo_ewma.save_checkpoint(path, checkpoint)
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]
+
+    loaded = ppo_ewma.load_checkpoint(path, "--resume")
+    torch.manual_seed(1)
+    fresh, fresh_ewma = ppo_ewma.Agent(envs), ppo_ewma.Agent(envs)
+    assert not torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
+    fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
+    fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
+    ppo_ewma.restore_run(loaded, {"agent": fresh, "ewma_agent": fresh_ewma}, {"optimizer": fresh_optimizer}, envs,
+                         [], torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer, "advantages": fresh_moments})
+    assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
+    assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
+    assert loaded["ewma_weight"] == 2.5
+    # each env's discounted return R: [1, 2] after step 0, then [3 + 0.99 * 1, 4 + 0.99 * 2] = [3.99, 5.98]
+    assert fresh_normalizer.returns.tolist() == pytest.approx([3.99, 5.98])
+    assert (fresh_normalizer.mean, fresh_normalizer.var, fresh_normalizer.count) == (
+        reward_normalizer.mean, reward_normalizer.var, reward_normalizer.count)
+    assert (fresh_moments.mean, fresh_moments.std) == (2.0, 1.0)  # mean of [1, 3] = 2, population std 1
+    assert fresh_optimizer.state_dict()["state"][0]["step"].item() == 1
+    envs.close()
+
+
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
+@pytest.mark.parametrize("config", [
+    {},  # PPO-EWMA, reward normalization, advantage moments
+    {"num_envs": 4, "batch_divisor": 2, "shuffle_samples": True, "update_epochs": 1},  # raw flags are resumed
+])
+def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch, config):
+    """4 iterations on CartPole. The killed run writes checkpoints every iteration and dies while writing
+    iteration 3's, after iteration 3 was logged; resumed from iteration 2's, it must log exactly what an
+    uninterrupted run logs (TensorBoard drops the first attempt at iteration 3)."""
+    monkeypatch.chdir(tmp_path)
+    config = dict(TINY_CARTPOLE, total_timesteps=4 * 64, **config)
+    full = ppo_ewma.train(Args(exp_name="full", **config))
+
+    real_save = ppo_ewma.save_checkpoint
+
+    def save_then_die_at_iteration_3(path, checkpoint):
+        if checkpoint["iteration"] == 3:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ppo_ewma, "save_checkpoint", save_then_die_at_iteration_3)
+    with pytest.raises(Killed):
+        ppo_ewma.train(Args(exp_name="killed", checkpoint_every=1, **config))
+    monkeypatch.setattr(ppo_ewma, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob("runs/*__killed__*")
+
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    resumed = ppo_ewma.train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"] == 256
+    assert resumed["mean_return"] == full["mean_return"]
+    expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
+    del expected["charts/SPS"], got["charts/SPS"]
+    assert len(got["losses/policy_loss"]) == 4
+    assert got == expected
+
+
+def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained = ppo_ewma.train(Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_CARTPOLE))
+    result = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])  # CartPole: +1 per step
+    assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
+    scalars = scalars_with_steps(result["run_dir"])
+    assert scalars["eval/mean_return"] == [(128, pytest.approx(result["mean_return"]))]
+    assert scalars["eval/std_return"] == [(128, pytest.approx(result["std_return"]))]
+    assert f"mean return {result['mean_return']:.2f}" in capsys.readouterr().out
+
+
+def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = ppo_ewma.train(Args(exp_name="quiet", total_timesteps=256, **TINY_CARTPOLE))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("PPO and PPO-EWMA") and "Hilton, Cobbe & Schulman" in lines[0]
+    assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)", f"  run dir    {result['run_dir']}",
+                          "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
+    assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # many episodes ended: no line for each

@@ -1,6 +1,11 @@
 """Worked examples for ppo_staleness.py: the queue, the three objectives of Fig. 1, the cap, smoke runs."""
+import dataclasses
+import glob
 import math
+import time
+from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -100,16 +105,51 @@ def test_queue_memory_at_paper_scale():
     assert queue_bytes(32, 256, 256, 12288, 15) == 33 * 813_958_144  # 26.9 GB
 
 
-def test_check_args_rejects_a_queue_larger_than_ram():
-    # 1001 * 813,958,144 bytes = 814.8 GB, far beyond any machine this runs on
-    with pytest.raises(SystemExit, match=r"--staleness 1000 keeps 1001 rollouts in memory, about 814.8 GB"):
-        check_args(Args(staleness=1000))
+def test_check_args_rejects_a_queue_larger_than_the_available_memory(monkeypatch):
+    # k = 32 at the paper's scale: 33 x 813,958,144 B = 26,860,618,752 B = 25.0 GiB > 16 GiB available;
+    # k = 16: 17 x 813,958,144 B = 12.9 GiB fits. Available memory, not the machine's total RAM, is what counts.
+    monkeypatch.setattr(ppo_staleness, "available_memory", lambda cuda: {"memory": 16 * 2**30})
+    with pytest.raises(SystemExit, match=r"The 33 rollouts that --staleness 32 keeps \(host memory\) need 25\.0 GiB "
+                                         r"but only 16\.0 GiB of memory is available; lower --staleness"):
+        check_args(Args(staleness=32))
+    check_args(Args(staleness=16))
 
 
-def test_check_args_rejects_negative_staleness():
-    args = Args(env_id="CartPole-v1", num_envs=4, num_steps=32, total_timesteps=512, staleness=-1)
-    with pytest.raises(SystemExit, match="--staleness"):
-        check_args(args)
+def test_every_numeric_flag_has_a_range():
+    numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
+    assert numeric == set(ppo_staleness.FLAG_RANGES)
+
+
+@pytest.mark.parametrize("change, flag", [
+    ({"staleness": -1}, "--staleness"),
+    ({"num_envs": 0}, "--num-envs"),  # not --num-minibatches, and no division by zero
+    ({"num_envs": -3}, "--num-envs"),
+    ({"num_steps": 0}, "--num-steps"),
+    ({"num_minibatches": 3}, "--num-minibatches 3"),
+    ({"gae_lambda": 2.0}, "--gae-lambda"),
+    ({"gamma": 1.5}, "--gamma"),
+    ({"learning_rate": -1.0}, "--learning-rate"),
+    ({"clip_coef": -0.1}, "--clip-coef"),
+    ({"ent_coef": -5.0}, "--ent-coef"),
+    ({"max_grad_norm": -1.0}, "--max-grad-norm"),
+    ({"update_epochs": 0}, "--update-epochs"),
+    ({"adam_beta2": 1.0}, "--adam-beta2"),
+    ({"max_is_ratio": 1.0}, "--max-is-ratio"),
+    ({"seed": -1}, "--seed"),
+    ({"total_timesteps": 0}, "--total-timesteps"),
+    ({"checkpoint_every": -1}, "--checkpoint-every"),
+    ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
+    ({"env_id": "Pendulum-v1"}, "--env-id Pendulum-v1 has Box"),
+    ({"staleness": 10**9}, "--staleness, --num-envs or --num-steps"),  # the queue cannot fit in memory
+    ({"resume": "missing.pt"}, "--resume"),
+    ({"eval_checkpoint": "missing.pt"}, "--eval-checkpoint"),
+])
+def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, change, flag):
+    monkeypatch.chdir(tmp_path)
+    args = dataclasses.replace(Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2), **change)
+    with pytest.raises(SystemExit, match=flag):
+        train(args)
+    assert not (tmp_path / "runs").exists()
 
 
 # ------------------------------------------------------------------------------------ smoke runs
@@ -181,3 +221,105 @@ def test_official_init_of_the_procgen_network():
             assert torch.all(module.bias == 0), name
             seen.add((type(module).__name__, round(scale, 4)))
     assert seen == {("Conv2d", 1.0), ("Conv2d", 0.6389), ("Linear", 1.4), ("Linear", 0.1)}
+
+
+# ------------------------------------------------------------- checkpoints, resume, evaluation
+TINY_CARTPOLE = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, update_epochs=2,
+                     gamma=0.99, total_timesteps=4 * 64, cuda=False)
+
+
+def scalars_with_steps(run_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
+def killed_then_resumed(monkeypatch, args, die_at):
+    """Run `args` with a checkpoint every iteration, die while writing the one of iteration `die_at`
+    (after logging it), resume from the one before: (the resumed run's result, its run directory)."""
+    real_save = ppo_staleness.save_checkpoint
+
+    def save_then_die(path, checkpoint):
+        if checkpoint["iteration"] == die_at:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(ppo_staleness, "save_checkpoint", save_then_die)
+    with pytest.raises(Killed):
+        train(dataclasses.replace(args, checkpoint_every=1))
+    monkeypatch.setattr(ppo_staleness, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob(f"runs/*__{args.exp_name}_*")
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    return train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False)), run_dir
+
+
+def test_resume_with_staleness_0_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch):
+    # k = 0: the queue is empty between iterations, so nothing is lost and the resumed run is exact
+    monkeypatch.chdir(tmp_path)
+    full = train(Args(exp_name="full", staleness=0, **TINY_CARTPOLE))
+    resumed, run_dir = killed_then_resumed(monkeypatch, Args(exp_name="killed", staleness=0, **TINY_CARTPOLE), 3)
+    assert resumed["global_step"] == full["global_step"] == 256 and resumed["trained_steps"] == 256
+    expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
+    del expected["charts/SPS"], got["charts/SPS"]
+    assert len(got["losses/policy_loss"]) == 4
+    assert got == expected
+
+
+def test_resume_with_staleness_2_warms_the_queue_up_again(tmp_path, monkeypatch):
+    # k = 2, 4 trained iterations of 64 steps: iterations 1-2 warm up, 3-6 train. Killed while writing the
+    # checkpoint of iteration 5 and resumed from iteration 4's (queue of 2 lost): iterations 5-6 warm up
+    # again, 7-8 train. Trained: 3, 4, 7, 8 = 4 iterations; collected: 8 x 64 = 512 steps instead of 384.
+    monkeypatch.chdir(tmp_path)
+    resumed, run_dir = killed_then_resumed(monkeypatch, Args(exp_name="killed", staleness=2, **TINY_CARTPOLE), 5)
+    assert resumed["trained_steps"] == 256 and resumed["global_step"] == 512
+    assert [step for step, _ in scalars_with_steps(run_dir)["losses/policy_loss"]] == [192, 256, 448, 512]
+
+
+def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_path):
+    args = Args(**TINY_CARTPOLE)
+    envs = ppo_staleness.make_env(args)
+    torch.manual_seed(0)
+    agent = ppo_staleness.Agent(envs)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
+    reward_normalizer = ppo_staleness.RewardNormalizer(2, 0.99)
+    reward_normalizer(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2))
+    checkpoint = ppo_staleness.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 64, 3, 6, [],
+                                               torch.zeros(2, 4), torch.zeros(2), {"reward": reward_normalizer},
+                                               queued=2, trained_steps=64)
+    ppo_staleness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
+    loaded = ppo_staleness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume")
+    torch.manual_seed(1)
+    fresh, fresh_normalizer = ppo_staleness.Agent(envs), ppo_staleness.RewardNormalizer(2, 0.99)
+    ppo_staleness.restore_run(loaded, {"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())}, envs, [],
+                              torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer})
+    obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
+    assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
+    # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]
+    assert fresh_normalizer.returns.tolist() == pytest.approx([1.99, 1.0])
+    assert (fresh_normalizer.mean, fresh_normalizer.var) == (reward_normalizer.mean, reward_normalizer.var)
+    assert (loaded["queued"], loaded["trained_steps"], loaded["num_iterations"]) == (2, 64, 6)
+    envs.close()
+
+
+def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained = train(Args(exp_name="trained", staleness=1, save_model=True, **dict(TINY_CARTPOLE, total_timesteps=128)))
+    result = train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])
+    scalars = scalars_with_steps(result["run_dir"])
+    assert scalars["eval/mean_return"] == [(192, pytest.approx(result["mean_return"]))]  # 1 warm-up + 2 trained
+    assert f"mean return {result['mean_return']:.2f}" in capsys.readouterr().out
+
+
+def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    train(Args(exp_name="quiet", staleness=2, **TINY_CARTPOLE))
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("PPO on artificially stale data") and "Sec. 5.1" in lines[0]
+    assert lines[4] == "  steps      384 in 6 iterations of 64 (2 envs x 32 steps), 4 of them trained on"
+    assert len(lines) == 6 and lines[5].startswith("step 384/384 (100%)")

@@ -223,6 +223,29 @@ def test_workers_that_do_not_divide_num_envs_stop_with_one_sentence(tmp_path, mo
     assert not os.path.exists("runs")  # stopped before any work
 
 
+def test_workers_of_a_divided_batch_must_divide_the_divided_num_envs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    # --batch-divisor 2 leaves 4 of the 8 envs, 2 per worker: fine; --batch-divisor 4 leaves 2 envs for 4 workers
+    with pytest.raises(SystemExit, match=r"^--num-envs 8 / --batch-divisor 4 = 2 is the total over all workers, so it "
+                                         r"must be a multiple of the 4 torchrun workers\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**dict(CONFIGS["ppo_ewma"], batch_divisor=4, num_minibatches=1)))
+    assert not os.path.exists("runs")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_checkpoints_of_workers_are_refused(tmp_path, monkeypatch, name):
+    module = importlib.import_module(name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    # a checkpoint would hold rank 0's envs, reward normalizer and RNG only: resuming W workers from it is not exact
+    with pytest.raises(SystemExit, match="^--resume and --checkpoint-every work in a single process only"):
+        module.train(module.Args(**dict(CONFIGS[name], checkpoint_every=1)))
+    assert not os.path.exists("runs")
+
+
 def test_ppg_aux_minibatch_is_split_over_the_workers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "0")

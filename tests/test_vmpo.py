@@ -1,8 +1,14 @@
 """Worked examples for vmpo.py: hand-computed values of every contract function, gradient checks
 where a stop-gradient matters, and tiny smoke runs of train()."""
+import dataclasses
 import glob
 import math
+import os
+import sys
+import time
+from typing import Optional
 
+import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -167,18 +173,75 @@ def test_popart_scale_is_bounded_below():
 
 
 # -------------------------------------------------------------------------------- bad input
+def test_every_numeric_flag_has_a_range():
+    numeric = {f.name for f in dataclasses.fields(vmpo.Args) if f.type in (int, float, Optional[int], Optional[float])}
+    assert numeric == set(vmpo.FLAG_RANGES)
+
+
 @pytest.mark.parametrize("change, flag", [
+    ({"gae_lambda": 2.0}, "--gae-lambda"),
+    ({"gamma": 1.5}, "--gamma"),
+    ({"learning_rate": -1.0}, "--learning-rate"),
+    ({"learning_rate": float("nan")}, "--learning-rate"),
+    ({"multiplier_lr": -1.0}, "--multiplier-lr"),
+    ({"adam_eps": 0.0}, "--adam-eps"),
+    ({"update_epochs": 0}, "--update-epochs"),
+    ({"eta_init": -1.0}, "--eta-init"),
+    ({"eps_eta": -1.0}, "--eps-eta"),
+    ({"alpha_init": 0.0}, "--alpha-init"),
+    ({"eps_alpha": -1.0}, "--eps-alpha"),
+    ({"alpha_mean_init": -1.0}, "--alpha-mean-init"),
+    ({"eps_alpha_std": 0.0}, "--eps-alpha-std"),
+    ({"popart_beta": 2.0}, "--popart-beta"),
+    ({"min_std": -1.0}, "--min-std"),
+    ({"seed": -1}, "--seed"),
+    ({"num_envs": 0}, "--num-envs"),
+    ({"num_envs": -3}, "--num-envs"),
+    ({"num_steps": 0}, "--num-steps"),
+    ({"total_timesteps": 0}, "--total-timesteps"),
+    ({"num_levels": -1}, "--num-levels"),
+    ({"checkpoint_every": -1}, "--checkpoint-every"),
     ({"top_k_fraction": 0.0}, "--top-k-fraction"),
     ({"target_period": -1}, "--target-period"),
     ({"num_minibatches": 3}, "--num-minibatches"),
+    ({"num_minibatches": 32}, "--num-minibatches"),  # more minibatches than the 16 samples
     ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
+    ({"env_id": "FrozenLake-v1"}, "--env-id"),  # Discrete observations
+    ({"num_envs": 10**9}, "--num-envs"),  # 8 GB x 10^9: the rollout buffers cannot fit in memory
+    ({"resume": "missing.pt"}, "--resume"),
+    ({"eval_checkpoint": "missing.pt"}, "--eval-checkpoint"),
+    ({"eval_checkpoint": "missing.pt", "eval_episodes": 0}, "--eval-episodes"),
 ])
-def test_bad_input_names_the_flag(change, flag):
-    args = vmpo.Args(env_id="CartPole-v1", num_envs=2, num_steps=8)
-    for key, value in change.items():
-        setattr(args, key, value)
+def test_bad_input_names_the_flag_and_leaves_no_run_dir(monkeypatch, tmp_path, change, flag):
+    monkeypatch.chdir(tmp_path)
+    args = dataclasses.replace(vmpo.Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2), **change)
     with pytest.raises(SystemExit, match=flag):
         vmpo.train(args)
+    assert not (tmp_path / "runs").exists()
+
+
+def test_memory_check_says_how_much_the_rollout_needs(monkeypatch, tmp_path):
+    # CartPole: obs 4 float32 = 16 B, action 8 B (long), 5 float32 = 20 B: 44 B per sample;
+    # 10^9 envs x 8 steps x 44 B = 3.52e11 B = 327.8 GiB
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"need 327\.8 GiB .* lower --num-envs or --num-steps"):
+        vmpo.train(vmpo.Args(env_id="CartPole-v1", num_envs=10**9, num_steps=8, num_minibatches=2))
+
+
+def test_runs_path_that_is_a_file_is_refused(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("not a directory")
+    with pytest.raises(SystemExit, match="runs is a file"):
+        vmpo.train(vmpo.Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2))
+    assert (tmp_path / "runs").read_text() == "not a directory"
+
+
+def test_capture_video_without_moviepy_says_so_before_any_work(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "moviepy", None)  # makes `import moviepy` fail
+    with pytest.raises(SystemExit, match="--capture-video needs the moviepy package"):
+        vmpo.train(vmpo.Args(eval_checkpoint="any.pt", capture_video=True))
+    assert not (tmp_path / "runs").exists()
 
 
 # ------------------------------------------------------------------------------------- smoke
@@ -237,3 +300,205 @@ def test_rollout_uses_one_forward_pass_while_target_equals_online(monkeypatch, t
     vmpo.train(vmpo.Args(exp_name="count", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
                          update_epochs=1, total_timesteps=32, target_period=target_period, cuda=False))
     assert sum(rows) == expected_rows
+
+
+# ------------------------------------------------------------- checkpoints, resume, evaluation
+TINY_CARTPOLE = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, gamma=0.99, cuda=False,
+                     learning_rate=1e-3, multiplier_lr=1e-2)
+
+
+def read_scalars(run_dir):
+    """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_path):
+    args = vmpo.Args(**TINY_CARTPOLE)
+    envs = vmpo.make_env(args)
+    torch.manual_seed(0)
+    agent = vmpo.Agent(envs)
+    agent.critic.update(torch.tensor([3.0, 5.0]))  # PopArt statistics away from their initial values
+    eta = torch.nn.Parameter(torch.tensor(0.7))
+    multipliers = torch.nn.ParameterDict({"eta": eta, "alpha_policy": torch.nn.Parameter(torch.tensor(2.5))})
+    optimizer = torch.optim.Adam([*agent.parameters(), *multipliers.values()], lr=1e-3)
+    agent.get_pi(torch.ones(3, 4)).sum().add(eta).backward()
+    optimizer.step()  # Adam now has moments and a step count
+    next_obs, next_done = torch.zeros(2, 4), torch.zeros(2)
+    checkpoint = vmpo.make_checkpoint(args, {"agent": agent, "multipliers": multipliers}, {"optimizer": optimizer},
+                                      envs, 64, 1, 4, [10.0, 12.0], next_obs, next_done)
+    path = str(tmp_path / "checkpoint.pt")
+    vmpo.save_checkpoint(path, checkpoint)
+    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
+
+    loaded = vmpo.load_checkpoint(path, "--resume")
+    torch.manual_seed(1)  # different initial weights
+    fresh = vmpo.Agent(envs)
+    fresh_multipliers = torch.nn.ParameterDict({"eta": torch.nn.Parameter(torch.tensor(1.0)),
+                                                "alpha_policy": torch.nn.Parameter(torch.tensor(5.0))})
+    fresh_optimizer = torch.optim.Adam([*fresh.parameters(), *fresh_multipliers.values()], lr=1e-3)
+    obs = torch.tensor([[0.1, -0.2, 0.03, 0.4], [1.0, 0.5, -0.5, 0.0]])
+    assert not torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
+    fresh.load_state_dict(loaded["models"]["agent"])
+    fresh_multipliers.load_state_dict(loaded["models"]["multipliers"])
+    fresh_optimizer.load_state_dict(loaded["optimizers"]["optimizer"])
+    assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
+    assert torch.equal(fresh.get_value(obs), agent.get_value(obs))  # PopArt's mu and sigma came back too
+    assert fresh_multipliers["eta"].item() == eta.item() and fresh_multipliers["alpha_policy"].item() == 2.5
+    assert fresh_optimizer.state_dict()["state"][0]["step"].item() == 1
+    assert torch.equal(fresh_optimizer.state_dict()["state"][0]["exp_avg"],
+                       optimizer.state_dict()["state"][0]["exp_avg"])
+    assert loaded["global_step"] == 64 and loaded["iteration"] == 1 and loaded["args"]["env_id"] == "CartPole-v1"
+    assert set(loaded) >= {"args", "models", "optimizers", "normalizers", "rng", "global_step", "iteration"}
+    envs.close()
+
+
+def test_observation_and_reward_statistics_round_trip_and_freeze():
+    # Pendulum normalizes observations (per env) and rewards; run 50 steps, save, load into a fresh stack
+    args = vmpo.Args(env_id="Pendulum-v1", num_envs=2, num_steps=8, num_minibatches=2, cuda=False)
+    envs = vmpo.make_env(args)
+    envs.reset(seed=0)
+    for _ in range(50):
+        envs.step(np.full((2, 1), 0.5, np.float32))
+    saved = vmpo.make_checkpoint(args, {}, {}, envs, 100, 1, 4, [], None, None)["normalizers"]
+    assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
+    fresh = vmpo.make_env(args)
+    vmpo.load_normalizers(fresh, saved, freeze=True)
+    for name, (wrapper, rms) in vmpo.env_normalizers(fresh).items():
+        assert np.array_equal(rms.mean, saved[name]["mean"].numpy()) and rms.count == saved[name]["count"]
+        assert not wrapper.update_running_mean  # frozen for evaluation
+    fresh.reset(seed=1)
+    fresh.step(np.zeros((2, 1), np.float32))
+    assert vmpo.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
+    envs.close()
+    fresh.close()
+
+
+def test_a_crash_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    vmpo.save_checkpoint(path, {"iteration": 1})
+
+    def torn_save(obj, file):
+        file.write(b"half a checkpoint")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(vmpo.torch, "save", torn_save)
+    with pytest.raises(OSError):
+        vmpo.save_checkpoint(path, {"iteration": 2})
+    monkeypatch.undo()
+    assert torch.load(path)["iteration"] == 1
+
+
+class Killed(Exception):
+    """Stands for the process being killed."""
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path, env_id):
+    """4 iterations. The killed run writes checkpoints every iteration and dies while writing the one of
+    iteration 3, after iteration 3 was logged; resumed from iteration 2's checkpoint it must redo iteration 3
+    (TensorBoard drops the first attempt) and 4, and log exactly what an uninterrupted run logs."""
+    monkeypatch.chdir(tmp_path)
+    # Pendulum: 2 envs x 64 steps x 4 iterations, so each env finishes one 200-step episode (time limit)
+    config = dict(TINY_CARTPOLE, env_id=env_id, num_steps=32 if env_id == "CartPole-v1" else 64)
+    config["total_timesteps"] = 4 * 2 * config["num_steps"]
+    full = vmpo.train(vmpo.Args(exp_name="full", **config))
+
+    real_save = vmpo.save_checkpoint
+
+    def save_then_die_at_iteration_3(path, checkpoint):
+        if checkpoint["iteration"] == 3:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(vmpo, "save_checkpoint", save_then_die_at_iteration_3)
+    with pytest.raises(Killed):
+        vmpo.train(vmpo.Args(exp_name="killed", checkpoint_every=1, **config))
+    monkeypatch.setattr(vmpo, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob("runs/*__killed__*")
+    assert torch.load(f"{run_dir}/checkpoint.pt")["iteration"] == 2
+
+    # TensorBoard reads a run's event files in name order, and the name starts with the time in whole
+    # seconds: a real restart comes seconds later, so make sure this one does too
+    time.sleep(1.0)
+    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"]
+    assert resumed["mean_return"] == full["mean_return"]  # the last 100 episodes' returns are in the checkpoint
+    expected, got = read_scalars(full["run_dir"]), read_scalars(run_dir)
+    del expected["charts/SPS"], got["charts/SPS"]
+    assert len(got["losses/policy_loss"]) == 4  # iterations 1, 2, 3 (second attempt), 4
+    assert got == expected
+
+
+def test_resume_takes_only_cuda_from_the_command_line(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="drop --seed, --total-timesteps"):
+        vmpo.train(vmpo.Args(resume="runs/x/checkpoint.pt", seed=3, total_timesteps=5, cuda=False))
+
+
+def test_resume_procgen_restarts_its_envs_fresh(monkeypatch, tmp_path):
+    pytest.importorskip("procgen")
+    monkeypatch.chdir(tmp_path)
+    real_save = vmpo.save_checkpoint
+
+    def save_then_die_at_iteration_2(path, checkpoint):
+        if checkpoint["iteration"] == 2:
+            raise Killed
+        real_save(path, checkpoint)
+
+    monkeypatch.setattr(vmpo, "save_checkpoint", save_then_die_at_iteration_2)
+    with pytest.raises(Killed):
+        vmpo.train(vmpo.Args(env_id="starpilot", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=32,
+                             checkpoint_every=1, cuda=False))
+    monkeypatch.setattr(vmpo, "save_checkpoint", real_save)
+    (run_dir,) = glob.glob("runs/starpilot__*")
+    checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
+    assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] is None  # Procgen cannot be pickled
+    assert "reward" in checkpoint["normalizers"]
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    assert resumed["global_step"] == 32
+    assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [16, 32]
+
+
+def test_evaluation_of_a_saved_cartpole_checkpoint(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    trained = vmpo.train(vmpo.Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_CARTPOLE))
+    result = vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])  # CartPole: +1 per step
+    assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
+    assert result["std_return"] == pytest.approx(np.std(result["returns"]))
+    assert "__eval__" in result["run_dir"] and result["run_dir"] != trained["run_dir"]
+    scalars = read_scalars(result["run_dir"])
+    assert scalars["eval/mean_return"] == [(128, pytest.approx(result["mean_return"]))]
+    assert scalars["eval/std_return"] == [(128, pytest.approx(result["std_return"]))]
+    assert f"mean return {result['mean_return']:.2f}" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------- progress
+def test_progress_prints_a_plain_line_every_30_seconds_when_not_a_terminal(monkeypatch, capsys):
+    clock = [1000.0]
+    monkeypatch.setattr(vmpo.time, "monotonic", lambda: clock[0])
+    progress = vmpo.Progress(total_steps=1000, start_step=0)
+    for step in range(1, 101):  # one update per second for 100 s, an episode finishing at every one
+        clock[0] += 1.0
+        progress.update(10 * step, [float(step)])
+    progress.close(1000, [100.0])
+    lines = capsys.readouterr().out.splitlines()
+    # at 30, 60 and 90 s, then the final line: step 300 of 1000 after 30 s at 10 steps/s, ETA (700 / 300) * 30 = 70 s
+    assert len(lines) == 4
+    assert lines[0] == "step 300/1,000 (30%)  mean_return 30.00  SPS 10  elapsed 30 s  ETA 70 s"
+    assert lines[-1].startswith("step 1,000/1,000 (100%)  mean_return 100.00")
+
+
+def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(monkeypatch, tmp_path, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = vmpo.train(vmpo.Args(exp_name="quiet", total_timesteps=256, **TINY_CARTPOLE))
+    out = capsys.readouterr().out
+    assert "\r" not in out
+    lines = out.splitlines()
+    assert lines[0].startswith("V-MPO") and "Song et al." in lines[0]
+    assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
+                          f"  run dir    {result['run_dir']}", "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
+    assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each

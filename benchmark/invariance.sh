@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Fig. 2, 3 and 5 in miniature: is PPG-EWMA batch size-invariant with the Sec. 4 adjustments, and does
+# taking one adjustment away break it? Batch divisors c = 1, 4, 16, 64, from one base config; the
+# ablations of Fig. 2 (no Adam step-size adjustment, no advantage-normalization adjustment, no EWMA
+# adjustment, no EWMA at all = PPG), the linear step-size rule of Fig. 5, and PPO-EWMA with one policy
+# epoch. 3 seeds each.
+# SCALE=cpu (default): Acrobot-v1, 64 envs x 32 steps at c = 1 (so c = 64 still has one env), N_pi 4,
+#   aux minibatch 256 (8 trajectories), gamma 0.99, 80k steps: learning is gradual over most of the run.
+# SCALE=paper: Procgen starpilot hard, the paper's 256 envs and 100M steps, c = 1, 4, 16, 64, 256 (GPU).
+# Cost here (2 CPU cores, 2026-11-22, JOBS=2): see the README's section on batch size-invariance.
+# `bash benchmark/invariance.sh --list` prints the runs, one per line, for a cluster scheduler.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SCALE=${SCALE:-cpu}
+JOBS=${JOBS:-2}
+OUT="$ROOT/benchmark/runs/invariance"
+
+if [ "$SCALE" = cpu ]; then
+  base="--env-id Acrobot-v1 --num-envs 64 --num-steps 32 --gamma 0.99 --total-timesteps 80000"
+  ppg="$base --n-pi 4 --aux-minibatch-size 256"
+  divisors="1 4 16 64"
+else
+  base="--env-id starpilot"
+  ppg="$base"
+  divisors="1 4 16 64 256"
+fi
+runs() {
+  for seed in 1 2 3; do for c in $divisors; do
+    echo "python $ROOT/ppg_ewma.py $ppg --batch-divisor $c --seed $seed --exp-name all_c$c"
+    echo "python $ROOT/ppg_ewma.py $ppg --batch-divisor $c --seed $seed --exp-name no-adam-adj_c$c --no-adjust-lr"
+    echo "python $ROOT/ppg_ewma.py $ppg --batch-divisor $c --seed $seed --exp-name no-advnorm-adj_c$c --no-adjust-adv-norm"
+    echo "python $ROOT/ppg_ewma.py $ppg --batch-divisor $c --seed $seed --exp-name no-ewma-adj_c$c --no-adjust-ewma"
+    echo "python $ROOT/ppg_ewma.py $ppg --batch-divisor $c --seed $seed --exp-name ppg_c$c --no-ewma"
+    echo "python $ROOT/ppg_ewma.py $ppg --batch-divisor $c --seed $seed --exp-name linear-lr_c$c --lr-rule linear"
+    echo "python $ROOT/ppo_ewma.py $base --batch-divisor $c --seed $seed --exp-name ppo-ewma-e1_c$c --update-epochs 1"
+  done; done
+}
+if [ "${1:-}" = --list ]; then runs; exit 0; fi
+
+mkdir -p "$OUT" && cd "$OUT"
+export OMP_NUM_THREADS=1
+runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+plot() { python "$ROOT/benchmark/plot.py" "$OUT" --window 0.2 --divisor-regex '_c(\d+)$' "$@"; }
+plot --group "__(all_c\d+)__\d+__\d+$" --out "$ROOT/docs/invariance_all.png" --title "PPG-EWMA, all adjustments: batch / c"
+for ablation in no-adam-adj no-advnorm-adj no-ewma-adj ppg linear-lr ppo-ewma-e1; do
+  plot --group "__(${ablation}_c\d+)__\d+__\d+$" --out "$ROOT/docs/invariance_$ablation.png" --title "$ablation: batch / c"
+done
+plot --group "__([a-z0-9-]+_c\d+)__\d+__\d+$" --pivot '^([a-z0-9-]+)_(c\d+)$'

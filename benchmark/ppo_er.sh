@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# PPO-ER vs PPO: the paper's defaults (N = 2048, M = 64, T = 10 epochs, step size and clip annealed),
+# replay of L = 2 batches against L = 1 (PPO, same code path), on Pendulum-v1 and HalfCheetah-v5 (MuJoCo),
+# 3 seeds each. SCALE=cpu (default): 100k steps per run; SCALE=paper: the paper's 1M steps.
+# Cost here (2 CPU cores, 2026-11-22, JOBS=2): see the README's PPO-ER section.
+# `bash benchmark/ppo_er.sh --list` prints the runs, one per line.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+SCALE=${SCALE:-cpu}
+JOBS=${JOBS:-2}
+OUT="$ROOT/benchmark/runs/ppo_er"
+steps=$([ "$SCALE" = cpu ] && echo 100000 || echo 1000000)
+
+runs() {
+  for seed in 1 2 3; do for env in Pendulum-v1 HalfCheetah-v5; do for L in 1 2; do
+    echo "python $ROOT/ppo_er.py --env-id $env --replay-batches $L --total-timesteps $steps --seed $seed --exp-name L$L"
+  done; done; done
+}
+if [ "${1:-}" = --list ]; then runs; exit 0; fi
+
+mkdir -p "$OUT" && cd "$OUT"
+export OMP_NUM_THREADS=1
+runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+for env in Pendulum HalfCheetah; do
+  python "$ROOT/benchmark/plot.py" "$OUT" --group "^${env}-v\d+__(L\d)__\d+__\d+$" --window 0.2 \
+    --out "$ROOT/docs/ppo_er_$env.png" --title "PPO (L1) vs PPO-ER (L2), $env"
+done
