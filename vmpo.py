@@ -55,6 +55,8 @@ class Args:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
+    torch_threads: int = 0
+    """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
     save_model: bool = False
     """write the checkpoint model.pt into the run directory at the end"""
     checkpoint_every: int = 0
@@ -201,28 +203,39 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
 
 # ------------------------------------------------------------------------------------- networks
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLP of vector envs (the official code has no MLP)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
 class ResidualBlock(nn.Module):
-    def __init__(self, channels):
+    def __init__(self, channels, scale):
         super().__init__()
-        self.conv0 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
-        self.conv1 = nn.Conv2d(channels, channels, kernel_size=3, padding=1)
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
 
     def forward(self, x):
         return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
 
 
 class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels):
+    def __init__(self, in_channels, out_channels, res_scale):
         super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1)
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels)
-        self.res1 = ResidualBlock(out_channels)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -233,12 +246,15 @@ class ImpalaCNN(nn.Module):
 
     def __init__(self, in_channels=3, channels=(16, 32, 32)):
         super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
         stacks = []
         for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels))
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
             in_channels = out_channels
         self.stacks = nn.Sequential(*stacks)
-        self.fc = nn.Linear(channels[-1] * 8 * 8, 256)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
         # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
@@ -438,15 +454,6 @@ def policy_kls(target_pi, pi):
     return {"mean": kl_mean, "std": kl_std}
 
 
-def keep_freed_memory():
-    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
-    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
-
 
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
@@ -462,10 +469,9 @@ def train(args: Args) -> dict:
     torch.manual_seed(args.seed)
     torch.backends.cudnn.deterministic = args.torch_deterministic
     device, device_note = choose_device(args.cuda)
-    if device.type == "cpu":
-        keep_freed_memory()
 
     envs = make_env(args)
+    tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
     run_dir = make_run_dir(args, f"{args.env_id}__{args.exp_name}__{args.seed}")
     print_startup(args, device_note, run_dir, steps=f"{num_iterations * batch_size:,} in {num_iterations:,} iterations "
                   f"of {batch_size:,} ({args.num_envs} envs x {args.num_steps} steps)", **resume_note(args, checkpoint))
@@ -643,11 +649,33 @@ def train(args: Args) -> dict:
 
 
 # ---------------------------------------------------------- run plumbing: not part of the algorithm
-# Flag checks, device, run directory, start-up block, progress, checkpoints, resume and evaluation.
+# CPU tuning, flag checks, device, run directory, start-up block, progress, checkpoints, resume, evaluation.
 # No paper describes them; every script of this repository has these helpers, written the same way.
+
+
+def keep_freed_memory():
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
+def tune_cpu(device, torch_threads: int, obs_shape) -> None:
+    """On the CPU: keep freed memory, and use --torch-threads threads, or by default 1 for the MLP of vector
+    observations and PyTorch's one per core for the IMPALA CNN (each the faster here: README, Speed)."""
+    if device.type != "cpu":
+        return
+    keep_freed_memory()
+    if torch_threads or len(obs_shape) != 3:
+        torch.set_num_threads(torch_threads or 1)
+
+
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
 FLAG_RANGES = {  # the interval each numeric flag must lie in
-    "seed": "[0, 4294967295]", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
+    "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)",
     "num_steps": "[1, inf)", "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "target_period": "[0, inf)",
     "learning_rate": "(0, inf)", "multiplier_lr": "(0, inf)", "adam_eps": "(0, inf)", "gamma": "[0, 1]",

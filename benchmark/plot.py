@@ -67,12 +67,18 @@ def summarize(groups, tag, window):
     return {name: np.array([final_return(*read_scalars(d, tag), window) for d in dirs]) for name, dirs in groups.items()}
 
 
+def number(x):
+    """One decimal for returns, three significant digits for small quantities such as KLs."""
+    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+
+
 def mean_std(x):
-    return f"{np.mean(x):.1f} +- {np.std(x):.1f}" if len(x) > 1 else f"{np.mean(x):.1f}"
+    return f"{number(np.mean(x))} +- {number(np.std(x))}" if len(x) > 1 else number(np.mean(x))
 
 
-def final_table(finals, window):
-    lines = [f"| variant | seeds | final return (last {window:.0%} of steps), mean +- std over seeds |", "|---|---:|---:|"]
+def final_table(finals, window, tag="charts/episodic_return"):
+    quantity = "return" if tag == "charts/episodic_return" else tag
+    lines = [f"| variant | seeds | {quantity}, last {window:.0%} of steps: mean +- std over seeds |", "|---|---:|---:|"]
     lines += [f"| {name} | {len(x)} | {mean_std(x)} |" for name, x in finals.items()]
     return "\n".join(lines)
 
@@ -159,7 +165,7 @@ def main(argv=None):
     finals = {name: finals[name] for name in groups}
     if not groups:
         raise SystemExit(f"no run under {args.runs} logged {args.tag}")
-    print(final_table(finals, args.window))
+    print(final_table(finals, args.window, args.tag))
     if args.pivot:
         print()
         print(pivot_table(finals, args.pivot))

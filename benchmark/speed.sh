@@ -51,7 +51,9 @@ rows | xargs -P "$JOBS" -L 1 bash -c 'run_row "$@"' _
 echo "| run | steps | SPS (script) | wall-clock s | CPU s (user + sys) |"
 echo "|---|---:|---:|---:|---:|"
 rows | while read -r label _; do
-  last=$(grep '^step ' "$label.log" | tail -n 1)  # "step N  mean_return R  SPS S"
+  last=$(grep '^step ' "$label.log" | tail -n 1)  # "step N/TOTAL (100%)  mean_return R  SPS S  elapsed ..."
+  steps=$(echo "$last" | awk '{split($2, a, "/"); print a[1]}')
+  sps=$(echo "$last" | awk '{for (i = 1; i < NF; i++) if ($i == "SPS") print $(i + 1)}')
   read -r wall user sys < "$label.time"
-  echo "| $label | $(echo "$last" | awk '{print $2}') | $(echo "$last" | awk '{print $NF}') | $wall | $(awk "BEGIN {print $user + $sys}") |"
+  echo "| $label | $steps | $sps | $wall | $(awk "BEGIN {print $user + $sys}") |"
 done

@@ -30,6 +30,7 @@ mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
 for objective in recent decoupled behavior; do
-  python "$ROOT/benchmark/plot.py" "$OUT" --group "__grid_(${objective}_k\d+|decoupled_k0)__\d+__\d+$" --window 0.1 \
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__grid_(${objective}_k\d+|decoupled_k0)__\d+__\d+$" --window 0.2 \
     --out "$ROOT/docs/staleness_$objective.png" --title "PPO on stale data, objective: $objective (CartPole-v1)"
 done
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__grid_(\w+_k\d+)__\d+__\d+$" --window 0.2 --pivot "^(\w+)_(k\d+)$"

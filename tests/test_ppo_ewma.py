@@ -580,3 +580,21 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)", f"  run dir    {result['run_dir']}",
                           "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
     assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # many episodes ended: no line for each
+
+
+def test_tune_cpu_picks_threads_by_torso():
+    # measured here (README, Speed): the MLP is fastest on 1 thread, the IMPALA CNN on one per core
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        ppo_ewma.tune_cpu(torch.device("cpu"), 0, (4,))  # CartPole's vector observation: 1 thread
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        ppo_ewma.tune_cpu(torch.device("cpu"), 0, (64, 64, 3))  # images: PyTorch's default is kept
+        assert torch.get_num_threads() == 2
+        ppo_ewma.tune_cpu(torch.device("cpu"), 3, (4,))  # --torch-threads 3 wins
+        assert torch.get_num_threads() == 3
+        ppo_ewma.tune_cpu(torch.device("cuda"), 1, (4,))  # on the GPU nothing changes
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)

@@ -502,3 +502,18 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(m
     assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
                           f"  run dir    {result['run_dir']}", "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
     assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each
+
+
+def test_impala_cnn_has_the_official_init():
+    # the same IMPALA CNN as the batch-size-invariance scripts: each output unit's weight norm is 1.0 (first conv
+    # of a stack), 6^(-1/4) = 0.6389 (residual convs) or 1.4 (dense); biases 0. V-MPO's heads keep their own init.
+    torch.manual_seed(0)
+    seen = set()
+    for name, module in vmpo.ImpalaCNN(3).named_modules():
+        if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+            scale = 6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv") else 1.4
+            norms = torch.linalg.vector_norm(module.weight.flatten(1), dim=1)
+            torch.testing.assert_close(norms, torch.full_like(norms, scale), atol=1e-6, rtol=0)
+            assert torch.all(module.bias == 0), name
+            seen.add((type(module).__name__, round(scale, 4)))
+    assert seen == {("Conv2d", 1.0), ("Conv2d", 0.6389), ("Linear", 1.4)}
