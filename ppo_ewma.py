@@ -440,12 +440,15 @@ class RewardNormalizer:
         self.returns = torch.zeros(num_envs)  # each env's R so far
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
-    def __call__(self, rewards, dones):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards."""
+    def __call__(self, rewards, dones, gather=None):
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards.
+        gather: torchrun workers pass a function that concatenates every worker's [B] returns, so that all
+        share one estimate, as the official code's all-reduced statistics."""
         returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
         for t in range(len(rewards)):
             ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
         self.returns = ret
+        returns = returns.reshape(-1) if gather is None else gather(returns.reshape(-1))
         n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
         total, delta = self.count + n, batch_mean - self.mean  # merge the two samples' moments (Chan et al.)
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
@@ -609,8 +612,9 @@ def train(args: Args) -> dict:
 
         with torch.no_grad():
             next_value = agent.get_value(next_obs)
-        # rewards scaled once per rollout (official code); the bootstrap V is already in scaled units
-        scaled_rewards = reward_normalizer(rewards, dones) if reward_normalizer else rewards
+        # rewards scaled once per rollout as officially (torchrun: one estimate over all workers); the
+        # bootstrap V is already in scaled units
+        scaled_rewards = reward_normalizer(rewards, dones, global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
 

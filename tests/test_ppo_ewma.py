@@ -598,3 +598,20 @@ def test_tune_cpu_picks_threads_by_torso():
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+def test_reward_normalizer_shares_one_estimate_over_workers():
+    # Two torchrun workers with 1 env each (gamma 0.5): worker A sees rewards 1, 2, 3, 0 with an episode start at
+    # obs 2, worker B sees 2, 0, 4, 8. gather concatenates the other worker's returns, as global_batch does, so each
+    # worker's estimate equals one normalizer's over both envs: the two-env example above (var 8.2412499...).
+    rewards_a, dones_a = torch.tensor([[1.0], [2.0], [3.0], [0.0]]), torch.tensor([[0.0], [0.0], [1.0], [0.0]])
+    rewards_b, dones_b = torch.tensor([[2.0], [0.0], [4.0], [8.0]]), torch.zeros(4, 1)
+    returns_b = torch.tensor([2.0, 1.0, 4.5, 10.25])  # B's R: 2, 0 + 0.5*2, 4 + 0.5*1, 8 + 0.5*4.5
+    worker_a = ppo_ewma.RewardNormalizer(num_envs=1, gamma=0.5)
+    scaled_a = worker_a(rewards_a, dones_a, gather=lambda mine: torch.cat([mine, returns_b]))
+    single = ppo_ewma.RewardNormalizer(num_envs=2, gamma=0.5)
+    single(torch.cat([rewards_a, rewards_b], 1), torch.cat([dones_a, dones_b], 1))
+    assert worker_a.var == pytest.approx(single.var) and worker_a.var == pytest.approx(8.2412499, rel=1e-6)
+    assert worker_a.count == pytest.approx(8.0001)  # both workers' 4 returns, once
+    torch.testing.assert_close(worker_a.returns, torch.tensor([1.5]))  # its own env's R is not shared
+    torch.testing.assert_close(scaled_a, rewards_a / math.sqrt(8.2412499 + 1e-8), atol=1e-5, rtol=0)
