@@ -201,32 +201,6 @@ def batch_sizes(args: Args) -> tuple[int, int, int]:
     return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
 
 
-def aux_buffer_bytes(args: Args) -> int:
-    """Bytes the auxiliary phase keeps: N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for
-    Procgen), plus a float32 value target and the pre-phase policy's float32 logits per observation."""
-    if args.env_id in PROCGEN_GAMES:
-        obs_bytes, num_actions = 64 * 64 * 3, 15
-    else:
-        env = gym.make(args.env_id)
-        space, num_actions = env.observation_space, getattr(env.action_space, "n", 0)
-        obs_bytes = int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
-        env.close()
-    return args.n_pi * args.num_steps * args.num_envs * (obs_bytes + 4 + 4 * int(num_actions))
-
-
-def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
-    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
-    t, n, m = num_steps, num_envs, num_minibatches
-    if shuffle_samples:
-        if not 1 <= m <= n * t or (n * t) % m != 0:
-            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
-    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
-        raise SystemExit(
-            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
-            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
-        )
-
-
 # ---------------------------------------------------------------------------------- environment
 class ProcgenVecEnv(gym.vector.VectorEnv):
     """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
@@ -631,13 +605,6 @@ def logits_in_chunks(model, obs, chunk_size):
     return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
-def hyperparameter_changes(before: Args, after: Args) -> str:
-    keys = [f.name for f in dataclasses.fields(Args)]
-    return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys
-                     if getattr(before, k) != getattr(after, k))
-
-
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return evaluate(args)
@@ -936,6 +903,38 @@ def check_args(args: Args) -> None:
     check_memory(aux_buffer_bytes(adjusted), False, "The auxiliary phase's buffers (host memory)",
                  "--n-pi, --num-envs or --num-steps (--batch-divisor keeps them the same)")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
+
+
+def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
+    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
+    t, n, m = num_steps, num_envs, num_minibatches
+    if shuffle_samples:
+        if not 1 <= m <= n * t or (n * t) % m != 0:
+            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
+    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
+        raise SystemExit(
+            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
+            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
+        )
+
+
+def hyperparameter_changes(before: Args, after: Args) -> str:
+    keys = [f.name for f in dataclasses.fields(Args)]
+    return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys
+                     if getattr(before, k) != getattr(after, k))
+
+
+def aux_buffer_bytes(args: Args) -> int:
+    """Bytes the auxiliary phase keeps: N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for
+    Procgen), plus a float32 value target and the pre-phase policy's float32 logits per observation."""
+    if args.env_id in PROCGEN_GAMES:
+        obs_bytes, num_actions = 64 * 64 * 3, 15
+    else:
+        env = gym.make(args.env_id)
+        space, num_actions = env.observation_space, getattr(env.action_space, "n", 0)
+        obs_bytes = int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
+        env.close()
+    return args.n_pi * args.num_steps * args.num_envs * (obs_bytes + 4 + 4 * int(num_actions))
 
 
 def env_spaces(args: Args) -> tuple:
@@ -1242,7 +1241,6 @@ def acting_policy(args: Args, envs, models: dict, device):
         logits = policy.get_logits(torch.as_tensor(obs, dtype=obs_dtype, device=device))
         return torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
     return act
-
 
 
 def check_video_dependency() -> None:

@@ -131,26 +131,6 @@ def batch_sizes(args: Args) -> tuple[int, int, int]:
     return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
 
 
-def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
-    """Host memory of the k + 1 rollouts alive at once (k queued, one being collected or trained on)."""
-    per_step = obs_bytes + 8 + 4 * (num_actions + 4)  # obs, int64 action, logits, logp, value, reward, done
-    per_rollout = num_steps * num_envs * per_step + num_envs * (obs_bytes + 4)  # + next_obs, next_done
-    return (staleness + 1) * per_rollout
-
-
-def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
-    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
-    t, n, m = num_steps, num_envs, num_minibatches
-    if shuffle_samples:
-        if not 1 <= m <= n * t or (n * t) % m != 0:
-            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
-    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
-        raise SystemExit(
-            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
-            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
-        )
-
-
 # ---------------------------------------------------------------------------------- environment
 class ProcgenVecEnv(gym.vector.VectorEnv):
     """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
@@ -452,7 +432,6 @@ def logits_in_chunks(model, obs, chunk_size):
     return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return evaluate(args)
@@ -699,6 +678,26 @@ def check_args(args: Args) -> None:
                  f"The {args.staleness + 1} rollouts that --staleness {args.staleness} keeps (host memory)",
                  "--staleness, --num-envs or --num-steps")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
+
+
+def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
+    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
+    t, n, m = num_steps, num_envs, num_minibatches
+    if shuffle_samples:
+        if not 1 <= m <= n * t or (n * t) % m != 0:
+            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
+    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
+        raise SystemExit(
+            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
+            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
+        )
+
+
+def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
+    """Host memory of the k + 1 rollouts alive at once (k queued, one being collected or trained on)."""
+    per_step = obs_bytes + 8 + 4 * (num_actions + 4)  # obs, int64 action, logits, logp, value, reward, done
+    per_rollout = num_steps * num_envs * per_step + num_envs * (obs_bytes + 4)  # + next_obs, next_done
+    return (staleness + 1) * per_rollout
 
 
 def env_spaces(args: Args) -> tuple:
@@ -1005,7 +1004,6 @@ def acting_policy(args: Args, envs, models: dict, device):
         logits = agent.get_logits(torch.as_tensor(obs, dtype=obs_dtype, device=device))
         return torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
     return act
-
 
 
 def check_video_dependency() -> None:

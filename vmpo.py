@@ -454,7 +454,6 @@ def policy_kls(target_pi, pi):
     return {"mean": kl_mean, "std": kl_std}
 
 
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return evaluate(args)

@@ -83,6 +83,23 @@ def final_table(finals, window, tag="charts/episodic_return"):
     return "\n".join(lines)
 
 
+def first_step_reaching(steps, values, threshold, episodes=100):
+    """First step at which the mean of the last `episodes` values reaches threshold (None if never)."""
+    for i in range(episodes - 1, len(values)):
+        if values[i - episodes + 1:i + 1].mean() >= threshold:
+            return int(steps[i])
+    return None
+
+
+def threshold_table(groups, tag, threshold):
+    """Per variant, each seed's first step where the 100-episode mean reaches the threshold."""
+    lines = [f"| variant | first step where the 100-episode mean >= {threshold:g}, per seed |", "|---|---|"]
+    for name, dirs in groups.items():
+        firsts = [first_step_reaching(*read_scalars(d, tag), threshold) for d in dirs]
+        lines.append(f"| {name} | " + ", ".join("never" if f is None else f"{f:,}" for f in firsts) + " |")
+    return "\n".join(lines)
+
+
 def pivot_table(finals, pivot_regex):
     """Final returns as a grid: rows and columns are the two groups of pivot_regex in each variant's name."""
     cells, rows, cols = {}, [], []
@@ -154,6 +171,8 @@ def main(argv=None):
     parser.add_argument("--window", type=float, default=0.1, help="final fraction of steps that the table averages")
     parser.add_argument("--divisor-regex", help="regex whose group 1 is the batch divisor c in a variant's name")
     parser.add_argument("--pivot", help="regex with two groups (row, column) of a variant's name: print a grid")
+    parser.add_argument("--threshold", type=float, help="also print each seed's first step at which the mean of its "
+                        "last 100 values reaches this")
     parser.add_argument("--out", help="PNG to write (no plot without it)")
     parser.add_argument("--title", default="")
     args = parser.parse_args(argv)
@@ -169,6 +188,9 @@ def main(argv=None):
     if args.pivot:
         print()
         print(pivot_table(finals, args.pivot))
+    if args.threshold is not None:
+        print()
+        print(threshold_table(groups, args.tag, args.threshold))
     if args.divisor_regex:
         print()
         print(invariance_table(finals, args.divisor_regex))

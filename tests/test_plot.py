@@ -69,3 +69,13 @@ def test_pivot_grid_in_natural_order(runs, capsys):
     plot.main([str(runs), "--window", "0.5", "--pivot", r"^(\w)_(c\d+)$"])
     assert "| | c1 | c4 |\n|---|---:|---:|\n| a | 35.0 +- 10.0 | 12.5 +- 2.5 |" in capsys.readouterr().out
     assert plot.natural_key("k16") > plot.natural_key("k2")
+
+
+def test_first_step_reaching_a_threshold():
+    # means of the last 2 values: (10+20)/2 = 15 at step 50, (20+30)/2 = 25 at step 100 -> 25 >= 20 first at 100
+    import numpy as np
+
+    steps, values = np.array([0.0, 50.0, 100.0]), np.array([10.0, 20.0, 30.0])
+    assert plot.first_step_reaching(steps, values, 20.0, episodes=2) == 100
+    assert plot.first_step_reaching(steps, values, 14.0, episodes=2) == 50
+    assert plot.first_step_reaching(steps, values, 26.0, episodes=2) is None

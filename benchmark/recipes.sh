@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The CPU recipes of ppo_ewma.py and ppg_ewma.py on CartPole-v1, 3 seeds each: does each still learn, and
+# how fast? PPO-EWMA with the official minibatch layout (whole trajectories), with --shuffle-samples for
+# comparison, and with 16 envs x 64 steps (same batch); PPG-EWMA's recipe. The tables give the return over
+# the last 10% of steps and each seed's first step where the 100-episode mean reaches 450 (PPO) or 475 (PPG).
+# SCALE is cpu only: these are the laptop recipes.
+# Cost here (2 CPU cores, 2026-11-22, JOBS=2): see the README's Run section.
+# `bash benchmark/recipes.sh --list` prints the runs, one per line.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+JOBS=${JOBS:-2}
+OUT="$ROOT/benchmark/runs/recipes"
+
+runs() {
+  for seed in 1 2 3; do
+    echo "python $ROOT/ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --total-timesteps 200000 --seed $seed --exp-name ppo-ewma"
+    echo "python $ROOT/ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --total-timesteps 200000 --seed $seed --exp-name ppo-ewma-shuffled --shuffle-samples"
+    echo "python $ROOT/ppo_ewma.py --env-id CartPole-v1 --num-envs 16 --num-steps 64 --gamma 0.99 --total-timesteps 200000 --seed $seed --exp-name ppo-ewma-16x64"
+    echo "python $ROOT/ppg_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --seed $seed --exp-name ppg-ewma"
+  done
+}
+if [ "${1:-}" = --list ]; then runs; exit 0; fi
+
+mkdir -p "$OUT" && cd "$OUT"
+export OMP_NUM_THREADS=1
+runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
+  --out "$ROOT/docs/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1"
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppg-ewma)__\d+__\d+$" --threshold 475
