@@ -15,28 +15,20 @@ phase holds the same number of environment steps (Sec. 4).
         --aux-minibatch-size 64 --total-timesteps 147456   # 18 phases; learns in minutes on a laptop CPU
 """
 import copy
-import ctypes
 import dataclasses
-import importlib.util
 import math
-import os
-import pickle
-import platform
-import random
-import sys
 import time
-from collections import defaultdict, deque
-from dataclasses import asdict, dataclass, fields, replace
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+
+import harness
 
 PROCGEN_GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -195,9 +187,9 @@ def apply_batch_divisor(args: Args) -> Args:
     return dataclasses.replace(args, **changes)
 
 
-def batch_sizes(args: Args) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) derived from Args."""
-    batch_size = args.num_envs * args.num_steps
+def batch_sizes(args: Args, world_size: int = 1) -> tuple[int, int, int]:
+    """(batch_size, minibatch_size, num_iterations) derived from Args (torchrun: a worker's, and W workers)."""
+    batch_size = args.num_envs * world_size * args.num_steps
     return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
 
 
@@ -559,7 +551,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
                 raise FloatingPointError(f"aux_loss is not finite at iteration {iteration}; stopping.")
             optimizer.zero_grad()
             loss.backward()
-            average_gradients(policy, value_net)  # torchrun: each worker's minibatch comes from its own buffer
+            harness.average_gradients(policy, value_net)  # torchrun: each worker's minibatch comes from its own buffer
             optimizer.step()
 
             with torch.no_grad():
@@ -607,52 +599,30 @@ def logits_in_chunks(model, obs, chunk_size):
 
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
-        return evaluate(args)
-    args, checkpoint = resume_from(args)  # --resume: the checkpoint's flags; None for a new run
-    rank, world_size = start_workers(args)  # torchrun: check the split over the workers, join them (last section)
-    check_args(args)
-    raw_args, args = args, apply_batch_divisor(args)
-    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+        return harness.evaluate(args, SCRIPT)
+    run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
+    args, envs, device, writer = run.args, run.envs, run.device, run.writer  # args: batch divisor applied
+    batch_size, minibatch_size, num_iterations = batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
-
-    args = worker_share(args, rank, world_size)  # torchrun: this worker's num_envs / W envs and its own seed
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device, device_note = choose_device(args.cuda)
     prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
-
-    envs = make_env(args)
-    tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
-    run_dir = make_run_dir(args, f"{args.env_id}__{args.exp_name}__{args.seed}") if rank == 0 else None
-    print_startup(args, device_note, run_dir, steps=f"{num_iterations * batch_size:,} in {num_iterations:,} iterations "
-                  f"of {batch_size:,} ({args.num_envs * world_size} envs x {args.num_steps} steps), phases of "
-                  f"{args.n_pi}", **resume_note(args, checkpoint), **workers_note(args, world_size))
     if args.batch_divisor != 1:
-        print(f"--batch-divisor {args.batch_divisor}:\n{hyperparameter_changes(raw_args, args)}")
-    writer = open_writer(run_dir, args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
-    if args.batch_divisor != 1 and checkpoint is None:
-        writer.add_text("batch_divisor", hyperparameter_changes(raw_args, args).replace("\n", "  \n"))
+        changes = harness.hyperparameter_changes(run.command_args, apply_batch_divisor(run.command_args))
+        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
+        if run.checkpoint is None:
+            writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
 
     policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
-    broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
+    harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
     ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None
-    ewma_weight = 1.0  # w of Appendix A: theta_prox <- theta, w <- 1
     parameters = list(policy.parameters()) + list(value_net.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     # the auxiliary phase's minibatches do not shrink with c, so its Adam keeps the unadjusted betas too
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
-                                     betas=(raw_args.adam_beta1, raw_args.adam_beta2))
+                                     betas=(run.command_args.adam_beta1, run.command_args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
-    # what a checkpoint holds, with the EWMA weight w (the phase buffer is empty where checkpoints are taken)
-    models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
-    optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
-    normalizers = {"reward": reward_normalizer, "advantages": adv_moments}
-
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
     # auxiliary phase; empty: the OS commits the pages only as the first phase fills them
     obs_shape = envs.single_observation_space.shape
@@ -667,16 +637,16 @@ def train(args: Args) -> dict:
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    global_step, first_iteration = 0, 1
-    episode_returns = deque(maxlen=100)
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype)
     next_done = torch.zeros(args.num_envs, device=device)
-    if checkpoint is not None:  # networks, both Adams, normalizers, RNGs, env state, counters; at a phase start
-        global_step, first_iteration, next_obs, next_done = restore_run(
-            checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done, normalizers)
-        ewma_weight = checkpoint["ewma_weight"]
-    start_step, start_time, progress = global_step, time.time(), Progress(num_iterations * batch_size, global_step)
+    # what a checkpoint holds (with the EWMA weight w), restored with --resume; checkpoints are taken only where a
+    # phase ends (its buffer is then spent), the first phase end at or after every --checkpoint-every iterations
+    global_step, first_iteration, next_obs, next_done = run.restore(
+        num_iterations, batch_size, {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
+        {"optimizer": optimizer, "aux_optimizer": aux_optimizer}, {"reward": reward_normalizer, "advantages": adv_moments},
+        next_obs, next_done)
+    ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
         phase_iteration = (iteration - 1) % args.n_pi
@@ -686,9 +656,8 @@ def train(args: Args) -> dict:
                 ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)
         obs = phase_obs[phase_iteration]
         bootstraps.zero_()
-        episodes = []  # (step, return, length) of each episode that ends in this rollout
         for step in range(args.num_steps):
-            global_step += args.num_envs * world_size
+            global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_obs = next_obs.to(device)
@@ -707,20 +676,14 @@ def train(args: Args) -> dict:
                     bootstraps[step, truncated_only] = args.gamma * value_net(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
-            if "episode" in info:
-                for i in np.flatnonzero(info["_episode"]):
-                    episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
-            progress.update(global_step, episode_returns)
-        for episode_step, episode_return, episode_length in gather_episodes(episodes):  # torchrun: all workers'
-            episode_returns.append(episode_return)
-            writer.add_scalar("charts/episodic_return", episode_return, episode_step)
-            writer.add_scalar("charts/episodic_length", episode_length, episode_step)
+            run.after_step(global_step, info)  # finished episodes, progress
+        run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
         with torch.no_grad():
             next_value = value_net(next_obs.to(device))
         # rewards scaled once per rollout as officially (torchrun: one estimate over all workers); the
         # bootstrap V is already in scaled units
-        scaled_rewards = reward_normalizer(rewards, dones, global_batch) if reward_normalizer else rewards
+        scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
         phase_returns[phase_iteration] = returns.cpu()  # V_targ, reused by the auxiliary phase
@@ -730,7 +693,7 @@ def train(args: Args) -> dict:
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
-            adv_moments.update(global_batch(b_advantages))  # torchrun: moments of all workers' advantages
+            adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
@@ -760,7 +723,7 @@ def train(args: Args) -> dict:
 
                 optimizer.zero_grad()
                 loss.backward()
-                average_gradients(policy)  # torchrun: the mean gradient of all workers' minibatches
+                harness.average_gradients(policy)  # torchrun: the mean gradient of all workers' minibatches
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -785,7 +748,7 @@ def train(args: Args) -> dict:
                     raise FloatingPointError(f"value_loss is not finite at iteration {iteration}; stopping.")
                 optimizer.zero_grad()
                 (args.vf_coef * v_loss).backward()
-                average_gradients(value_net)  # torchrun
+                harness.average_gradients(value_net)  # torchrun
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -793,9 +756,7 @@ def train(args: Args) -> dict:
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
-        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
@@ -818,79 +779,25 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/policy_phase_time", aux_start - phase_start, global_step)
             writer.add_scalar("charts/aux_phase_time", time.time() - aux_start, global_step)
 
-        # checkpoints only where a phase ends (its buffer is then spent): the first phase end at or after
-        # every --checkpoint-every iterations, so that a resumed run starts a phase exactly as this one would
-        if args.checkpoint_every and phase_iteration == args.n_pi - 1 and (
-                iteration // args.checkpoint_every > (iteration - args.n_pi) // args.checkpoint_every):
-            writer.flush()  # the logs up to the checkpoint are on disk before it is
-            save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), make_checkpoint(
-                raw_args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-                next_obs, next_done, normalizers, ewma_weight=ewma_weight))
-
-    if args.save_model and rank == 0:
-        save_checkpoint(os.path.join(run_dir, "model.pt"), make_checkpoint(
-            raw_args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-            next_obs, next_done, normalizers, ewma_weight=ewma_weight))
-    progress.close(global_step, episode_returns)
-    envs.close()
-    writer.close()
-    stop_workers()
-    mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+        run.end_iteration(iteration, global_step, next_obs, next_done, can_checkpoint=phase_iteration == args.n_pi - 1,
+                          ewma_weight=ewma_weight)  # SPS, checkpoint
+    return run.finish(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # --save-model
 
 
-# ---------------------------------------------------------- run plumbing: not part of the algorithm
-# CPU tuning, flag checks, device, run directory, start-up block, progress, checkpoints, resume, evaluation.
-# No paper describes them; every script of this repository has these helpers, written the same way.
-
-
-def keep_freed_memory():
-    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
-    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
-
-
-def tune_cpu(device, torch_threads: int, obs_shape) -> None:
-    """On the CPU: keep freed memory, and use --torch-threads threads, or by default 1 for the MLP of vector
-    observations and PyTorch's one per core for the IMPALA CNN (each the faster here: README, Speed)."""
-    if device.type != "cpu":
-        return
-    keep_freed_memory()
-    if torch_threads or len(obs_shape) != 3:
-        torch.set_num_threads(torch_threads or 1)
-
-
-PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
-FLAG_RANGES = {  # the interval each numeric flag must lie in
-    "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
-    "num_levels": "[0, inf)", "start_level": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)",
-    "num_steps": "[1, inf)", "num_minibatches": "[1, inf)", "n_pi": "[1, inf)", "update_epochs": "[1, inf)",
-    "value_epochs": "[0, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)", "adam_beta1": "[0, 1)",
-    "adam_beta2": "[0, 1)", "gamma": "[0, 1]", "reward_norm_gamma": "[0, 1]", "gae_lambda": "[0, 1]",
-    "clip_coef": "(0, 1]", "kl_coef": "[0, inf)", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)",
-    "max_grad_norm": "(0, inf)", "max_is_ratio": "(1, inf]", "adv_norm_span": "[1, inf)", "aux_epochs": "[0, inf)",
-    "aux_minibatch_size": "[1, inf)", "aux_learning_rate": "(0, inf)", "beta_clone": "[0, inf)",
-    "ewma_com": "[0, inf)", "batch_divisor": "[1, inf)",
+# ----------------------------------------------------------- what the run harness needs to know of this script
+FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
+    "num_levels": "[0, inf)", "start_level": "[0, inf)", "n_pi": "[1, inf)", "value_epochs": "[0, inf)",
+    "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]",
+    "kl_coef": "[0, inf)", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)", "max_grad_norm": "(0, inf)",
+    "max_is_ratio": "(1, inf]", "adv_norm_span": "[1, inf)", "aux_epochs": "[0, inf)", "aux_minibatch_size": "[1, inf)",
+    "aux_learning_rate": "(0, inf)", "beta_clone": "[0, inf)", "ewma_com": "[0, inf)", "batch_divisor": "[1, inf)",
 }
 
 
-def check_args(args: Args) -> None:
-    """Stop with one sentence naming the flag before any work is done and before a run directory exists.
-    `args` are the command line's; the batch-divisor adjustments are checked too."""
-    check_ranges(args, FLAG_RANGES)
-    observation_space, action_space = env_spaces(args)
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise SystemExit(f"--env-id {args.env_id} has {action_space} actions; ppg_ewma.py needs discrete actions.")
-    if not isinstance(observation_space, gym.spaces.Box) or not (
-            len(observation_space.shape) == 1 or observation_space.shape == (64, 64, 3)):
-        raise SystemExit(f"--env-id {args.env_id} has {observation_space} observations; ppg_ewma.py needs vectors "
-                         f"or 64x64x3 images.")
+def check_args(args: Args, observation_space, action_space) -> None:
+    """This script's own checks of the command line's Args, the batch-divisor adjustments included."""
     adjusted = apply_batch_divisor(args)
-    check_minibatches(adjusted.num_steps, adjusted.num_envs, adjusted.num_minibatches, adjusted.shuffle_samples)
+    harness.check_minibatches(adjusted.num_steps, adjusted.num_envs, adjusted.num_minibatches, adjusted.shuffle_samples)
     aux_size, num_steps = adjusted.aux_minibatch_size, adjusted.num_steps
     phase_size = adjusted.n_pi * adjusted.num_envs * num_steps
     whole = aux_size % num_steps == 0 or num_steps % aux_size == 0 or adjusted.shuffle_samples
@@ -900,28 +807,8 @@ def check_args(args: Args) -> None:
             f"--num-envs {adjusted.num_envs} x --num-steps {num_steps}) into whole trajectories (a multiple of "
             f"--num-steps) or equal pieces of one (a divisor of --num-steps)."
         )
-    check_memory(aux_buffer_bytes(adjusted), False, "The auxiliary phase's buffers (host memory)",
-                 "--n-pi, --num-envs or --num-steps (--batch-divisor keeps them the same)")
-    check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
-
-
-def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
-    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
-    t, n, m = num_steps, num_envs, num_minibatches
-    if shuffle_samples:
-        if not 1 <= m <= n * t or (n * t) % m != 0:
-            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
-    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
-        raise SystemExit(
-            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
-            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
-        )
-
-
-def hyperparameter_changes(before: Args, after: Args) -> str:
-    keys = [f.name for f in dataclasses.fields(Args)]
-    return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in keys
-                     if getattr(before, k) != getattr(after, k))
+    harness.check_memory(aux_buffer_bytes(adjusted), False, "The auxiliary phase's buffers (host memory)",
+                         "--n-pi, --num-envs or --num-steps (--batch-divisor keeps them the same)")
 
 
 def aux_buffer_bytes(args: Args) -> int:
@@ -937,297 +824,24 @@ def aux_buffer_bytes(args: Args) -> int:
     return args.n_pi * args.num_steps * args.num_envs * (obs_bytes + 4 + 4 * int(num_actions))
 
 
-def env_spaces(args: Args) -> tuple:
-    """(observation space, action space) of one env, without building the vector env."""
-    if args.env_id in PROCGEN_GAMES:
-        if importlib.util.find_spec("procgen") is None:
-            raise SystemExit(f"--env-id {args.env_id} needs the procgen package: pip install -r requirements.txt.")
-        return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
-    if args.env_id not in gym.registry:
-        raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
-    try:
-        env = gym.make(args.env_id)
-    except gym.error.Error as error:
-        raise SystemExit(f"--env-id {args.env_id} cannot be made: {error}") from None
-    env.close()
-    return env.observation_space, env.action_space
+
+def describe(args: Args, world_size: int, checkpoint) -> str:
+    """The start-up block's line on the run's size (args: this worker's)."""
+    batch_size, _, num_iterations = batch_sizes(args, world_size)
+    return (f"{num_iterations * batch_size:,} in {num_iterations:,} iterations of {batch_size:,} "
+            f"({args.num_envs * world_size} envs x {args.num_steps} steps), phases of {args.n_pi}")
 
 
-def check_ranges(args, ranges: dict) -> None:
-    """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes."""
-    for name, interval in ranges.items():
-        value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
-        if value is not None and not ((low <= value if interval[0] == "[" else low < value)
-                                      and (value <= high if interval[-1] == "]" else value < high)):
-            raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
-
-
-def available_memory(cuda: bool) -> dict:
-    """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
-    available = {}
-    if cuda and torch.cuda.is_available():
-        available["GPU memory"] = torch.cuda.mem_get_info()[0]
-    if os.path.exists("/proc/meminfo"):
-        with open("/proc/meminfo") as meminfo:
-            lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
-        available.update({"memory": int(lines[0][1]) * 1024} if lines else {})
-    return available
-
-
-def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
-    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
-    for kind, free in available_memory(cuda).items():
-        if num_bytes > free:
-            raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
-                             f"is available; lower {flags}.")
-
-
-def check_writable(directory: str) -> None:
-    """The run directory can be made under `directory` (made later, after every check)."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise SystemExit(f"{os.path.abspath(directory)} is a file, so no run directory can be made in it; "
-                         f"move it or run from another directory.")
-    if not os.access(directory if os.path.isdir(directory) else ".", os.W_OK):
-        raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
-
-
-def choose_device(cuda: bool) -> tuple:
-    """(device, a note saying which one and why)."""
-    if cuda and torch.cuda.is_available():
-        return torch.device("cuda"), f"cuda ({torch.cuda.get_device_name()})"
-    if cuda:
-        return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
-    return torch.device("cpu"), "cpu (--no-cuda)"
-
-
-def make_run_dir(args: Args, name: str) -> str:
-    """runs/{name}__{time}, made only now that every check passed; a resumed run keeps its own directory."""
-    if args.resume is not None:
-        return os.path.dirname(args.resume) or "."
-    run_dir = os.path.join("runs", f"{name}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    return run_dir
-
-
-def print_startup(args: Args, device_note: str, run_dir: str, **lines: str) -> None:
-    """The start-up block: algorithm and paper, env, device and why, run directory, then `lines` (label: text)."""
-    print(__doc__.splitlines()[0])
-    for label, text in {"env": args.env_id, "device": device_note, "run dir": run_dir, **lines}.items():
-        print(f"  {label.replace('_', ' '):<10} {text}")
-
-
-def open_writer(run_dir: str, args: Args, checkpoint) -> SummaryWriter:
-    """TensorBoard writer; a resumed run hides what its first life logged after the checkpoint (purge_step)."""
-    if checkpoint is not None:
-        return SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
-    writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
-class Progress:
-    """A tqdm bar over env steps (ETA, mean return, SPS) on a terminal; otherwise a plain line every
-    PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
-
-    def __init__(self, total_steps: int, start_step: int):
-        self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
-        self.last_report = self.start_time
-        self.bar = None
-        if sys.stdout.isatty():
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
-                            dynamic_ncols=True, smoothing=0.05)
-
-    def summary(self, global_step: int, episode_returns) -> dict:
-        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-        return {"mean_return": f"{mean_return:.2f}",
-                "SPS": int((global_step - self.start_step) / max(time.monotonic() - self.start_time, 1e-9))}
-
-    def update(self, global_step: int, episode_returns) -> None:
-        now = time.monotonic()
-        if self.bar is not None:
-            self.bar.update(global_step - self.bar.n)
-            if now - self.last_report >= 1:
-                self.last_report = now
-                self.bar.set_postfix(self.summary(global_step, episode_returns))
-        elif now - self.last_report >= PROGRESS_EVERY:
-            self.last_report = now
-            self.print_line(global_step, episode_returns)
-
-    def print_line(self, global_step: int, episode_returns) -> None:
-        elapsed, done = time.monotonic() - self.start_time, global_step - self.start_step
-        eta = (self.total - global_step) * elapsed / done if done > 0 else float("nan")
-        summary = self.summary(global_step, episode_returns)
-        print(f"step {global_step:,}/{self.total:,} ({100 * global_step / self.total:.0f}%)  mean_return "
-              f"{summary['mean_return']}  SPS {summary['SPS']:,}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s", flush=True)
-
-    def close(self, global_step: int, episode_returns) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(self.summary(global_step, episode_returns))
-            self.bar.close()
-        else:
-            self.print_line(global_step, episode_returns)
-
-
-def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-                    next_obs, next_done, normalizers=None, **extra) -> dict:
-    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read).
-
-    models, optimizers: {name: module or optimizer}; normalizers: {name: object} for running statistics
-    kept outside the env stack (saved as their attributes); None entries are left out; extra: more keys."""
-    return {
-        "args": asdict(args),
-        "models": {name: model.state_dict() for name, model in models.items() if model is not None},
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
-        "normalizers": {**{name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var),
-                                  "count": float(rms.count)} for name, (_, rms) in env_normalizers(envs).items()},
-                        **{name: dict(vars(normalizer)) for name, normalizer in (normalizers or {}).items()
-                           if normalizer is not None}},
-        "rng": rng_state(),
-        "global_step": global_step,
-        "iteration": iteration,
-        "num_iterations": num_iterations,
-        "episode_returns": list(episode_returns),
-        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
-        **extra,
-    }
-
-
-def save_checkpoint(path: str, checkpoint: dict) -> None:
-    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint."""
-    tmp_path = f"{path}.tmp{os.getpid()}"
-    with open(tmp_path, "wb") as file:
-        torch.save(checkpoint, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp_path, path)
-
-
-def load_checkpoint(path: str, flag: str, device="cpu") -> dict:
-    """torch.load with weights_only=True; one sentence naming `flag` if it is not a checkpoint of this script."""
-    script = os.path.basename(__file__)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{flag} {path}: no such file.")
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:
-        raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
-    if not isinstance(checkpoint, dict) or set(checkpoint.get("args", ())) != {f.name for f in fields(Args)}:
-        raise SystemExit(f"{flag} {path} is not a {script} checkpoint.")
-    return checkpoint
-
-
-def resume_from(args: Args) -> tuple:
-    """--resume PATH: (the checkpoint's Args, the checkpoint); without it (args, None)."""
-    if args.resume is None:
-        return args, None
-    given = [f"--{f.name.replace('_', '-')}" for f in fields(Args)
-             if f.name not in ("resume", "cuda") and getattr(args, f.name) != getattr(Args(), f.name)]
-    if given:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {', '.join(given)} "
-                         f"(only --cuda/--no-cuda may be given with --resume).")
-    checkpoint = load_checkpoint(args.resume, "--resume")
-    resumed = replace(Args(**checkpoint["args"]), resume=args.resume, cuda=args.cuda)
-    if checkpoint["iteration"] >= checkpoint["num_iterations"]:
-        raise SystemExit(f"--resume {args.resume}: that run already finished all {checkpoint['iteration']} iterations.")
-    return resumed, checkpoint
-
-
-def resume_note(args: Args, checkpoint) -> dict:
-    if checkpoint is None:
-        return {}
-    return {"resuming": f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
-                        f"from {args.resume}"}
-
-
-def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done,
-                normalizers=None) -> tuple:
-    """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
-    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
-    (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
-    for name, model in models.items():
-        if model is not None:
-            model.load_state_dict(checkpoint["models"][name])
-    for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(checkpoint["optimizers"][name])
-    for name, normalizer in (normalizers or {}).items():
-        if normalizer is not None:
-            vars(normalizer).update(checkpoint["normalizers"][name])
-    episode_returns.extend(checkpoint["episode_returns"])
-    saved_env = checkpoint["env"]
-    if saved_env["state"] is not None:
-        restore_env_state(envs, saved_env["state"])
-        next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
-    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
-        next_done = torch.ones_like(next_done)
-    load_normalizers(envs, checkpoint["normalizers"])
-    set_rng_state(checkpoint["rng"])
-    return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
-
-
-def rng_state() -> dict:
-    numpy_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
-            "torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
-
-
-def set_rng_state(rng: dict) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-def env_normalizers(envs) -> dict:
-    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
-    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i)."""
-    found, env = {}, envs
-    while isinstance(env, gym.vector.VectorWrapper):
-        if isinstance(env, gym.wrappers.vector.NormalizeReward):
-            found["reward"] = (env, env.return_rms)
-        env = env.env
-    for i, sub_env in enumerate(getattr(env, "envs", ())):
-        while isinstance(sub_env, gym.Wrapper):
-            if isinstance(sub_env, gym.wrappers.NormalizeObservation):
-                found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
-            sub_env = sub_env.env
-    return found
-
-
-def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
-    """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
-    for name, (wrapper, rms) in env_normalizers(envs).items():
-        if name in states:
-            rms.mean, rms.var = states[name]["mean"].numpy().copy(), states[name]["var"].numpy().copy()
-            rms.count = states[name]["count"]
-        wrapper.update_running_mean = not freeze
-
-
-def env_state(envs):
-    """Every layer of a Gymnasium vector env stack (wrappers, vector env, sub-envs with their RNGs), pickled
-    attribute by attribute; functions such as make_vec's env factories are left out. None for Procgen."""
-    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return None
-    layers, env = [], envs
-    while env is not None:
-        layer = {}
-        for key, value in vars(env).items():
-            try:
-                layer[key] = pickle.dumps(value) if key != "env" else None
-            except (pickle.PicklingError, AttributeError, TypeError):
-                pass  # a function: the same in the restored stack
-        layers.append({key: value for key, value in layer.items() if value is not None})
-        env = getattr(env, "env", None)
-    return pickle.dumps(layers)
-
-
-def restore_env_state(envs, state: bytes) -> None:
-    env = envs
-    for layer in pickle.loads(state):
-        vars(env).update({key: pickle.loads(value) for key, value in layer.items()})
-        env = getattr(env, "env", None)
+def worker_share(args: Args, rank: int, world_size: int) -> Args:
+    """A torchrun worker's Args: num_envs / W envs and seed + rank * num_envs / W (a Gymnasium vector env seeds its
+    env i with seed + i, so the W workers together step the very envs of a single process), and auxiliary
+    minibatches of aux_minibatch_size / W samples from its own phase buffer."""
+    if args.aux_minibatch_size % world_size != 0:
+        raise SystemExit(f"--aux-minibatch-size {args.aux_minibatch_size} is the total over all workers, so it must be "
+                         f"a multiple of the {world_size} torchrun workers.")
+    num_envs = args.num_envs // world_size
+    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs,
+                               aux_minibatch_size=args.aux_minibatch_size // world_size)
 
 
 def acting_policy(args: Args, envs, models: dict, device):
@@ -1243,198 +857,11 @@ def acting_policy(args: Args, envs, models: dict, device):
     return act
 
 
-def check_video_dependency() -> None:
-    try:
-        import moviepy  # noqa: F401  (Gymnasium's RecordVideo writes the videos with it)
-    except ImportError:
-        raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
-                         "pip install moviepy.") from None
 
-
-def check_rendering(env_id: str) -> None:
-    """--capture-video needs an env that renders frames (classic control: pygame; MuJoCo: OpenGL)."""
-    if env_id not in PROCGEN_GAMES:  # Procgen's frames are its observations
-        try:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env.reset(seed=0)
-            env.render()
-            env.close()
-        except Exception as error:
-            raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({error}).") from None
-
-
-def evaluate(args: Args) -> dict:
-    """--eval-checkpoint: play the saved policy (sampled, as in training) on one env with the saved
-    normalization frozen; print and log (eval/mean_return, eval/std_return) the raw episodic return."""
-    check_ranges(args, FLAG_RANGES)
-    if args.resume is not None:
-        raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
-    if args.capture_video:
-        check_video_dependency()
-    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")
-    run_args = replace(Args(**checkpoint["args"]), num_envs=1, seed=args.seed, resume=None)
-    if args.capture_video:
-        check_rendering(run_args.env_id)
-    check_writable("runs")
-    device, device_note = choose_device(args.cuda)
-    envs = make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
-    load_normalizers(envs, checkpoint["normalizers"], freeze=True)
-    run_dir = make_run_dir(run_args, f"{run_args.env_id}__{run_args.exp_name}__{run_args.seed}__eval")
-    print_startup(run_args, device_note, run_dir,
-                  checkpoint=f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-                  episodes=f"{args.eval_episodes}, actions sampled as in training, normalization frozen")
-    if args.capture_video:
-        envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
-                                               episode_trigger=lambda episode: episode < args.eval_episodes)
-    act = acting_policy(run_args, envs, checkpoint["models"], device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    returns, (obs, _) = [], envs.reset(seed=args.seed)
-    while len(returns) < args.eval_episodes:
-        obs, _, _, _, info = envs.step(act(obs))
-        if "episode" in info:
-            returns.extend(info["episode"]["r"][info["_episode"]].tolist())
-    envs.close()
-    returns = returns[:args.eval_episodes]
-    mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, returns {returns}")
-    writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
-    writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
-    writer.close()
-    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes")
-    return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
-            "global_step": checkpoint["global_step"]}
-
-
-# ---------------------------------------------------- distributed workers (torchrun): not part of the algorithm
-# `torchrun --nproc_per_node W` runs W copies of this script, one per GPU (several machines: torchrun's --nnodes
-# and --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed,
-# normalizes its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so
-# their weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
-# moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.
-def start_workers(args: Args) -> tuple[int, int]:
-    """Under torchrun (args: the command line's): take this worker's GPU, check the flags and their split over the
-    workers, join the others (NCCL with one GPU each when CUDA is used, Gloo on CPU) and silence stdout on ranks
-    > 0; return (rank, W). In a single process: (0, 1), and nothing is done."""
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world_size == 1:
-        return 0, 1
-    cuda = torch.cuda.is_available() and args.cuda
-    if cuda:  # before anything touches CUDA (check_args does), or every worker opens a context on GPU 0
-        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-        if local_size > torch.cuda.device_count():
-            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
-                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
-        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
-    check_args(args)  # a bad flag is named as in a single process
-    if args.resume is not None or args.checkpoint_every:
-        raise SystemExit("--resume and --checkpoint-every work in a single process only: a checkpoint holds the "
-                         "envs, reward normalizer and random state of one worker, not the others'.")
-    num_envs = apply_batch_divisor(args).num_envs
-    total = f"--num-envs {args.num_envs}"
-    if args.batch_divisor != 1:
-        total += f" / --batch-divisor {args.batch_divisor} = {num_envs}"
-    if num_envs % world_size != 0:
-        raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
-                         f"torchrun workers.")
-    if args.aux_minibatch_size % world_size != 0:
-        raise SystemExit(f"--aux-minibatch-size {args.aux_minibatch_size} is the total over all workers, so it must be "
-                         f"a multiple of the {world_size} torchrun workers.")
-    try:
-        check_args(worker_share(args, rank, world_size))  # e.g. the minibatches now split each worker's envs
-    except SystemExit as error:
-        raise SystemExit(f"With {world_size} torchrun workers each one runs {num_envs // world_size} of the {total} "
-                         f"envs and takes {args.aux_minibatch_size // world_size} of the --aux-minibatch-size "
-                         f"{args.aux_minibatch_size} samples: {error}") from None
-    dist.init_process_group("nccl" if cuda else "gloo")
-    if rank != 0:
-        sys.stdout = open(os.devnull, "w")
-    return rank, world_size
-
-
-def worker_share(args: Args, rank: int, world_size: int) -> Args:
-    """This worker's Args: num_envs / W envs and seed + rank * num_envs / W (a Gymnasium vector env seeds its env i
-    with seed + i, so the W workers together step the very envs of a single process), and auxiliary minibatches of
-    aux_minibatch_size / W samples from its own phase buffer."""
-    if world_size == 1:
-        return args
-    num_envs = args.num_envs // world_size
-    return replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs,
-                   aux_minibatch_size=args.aux_minibatch_size // world_size)
-
-
-def workers_note(args: Args, world_size: int) -> dict:
-    """The start-up block's line on the torchrun workers (args: rank 0's share); none in a single process."""
-    if world_size == 1:
-        return {}
-    return {"workers": f"{world_size} torchrun workers ({dist.get_backend()}), each with {args.num_envs} envs and seed "
-                       f"{args.seed} + {args.num_envs} x rank; the flags printed and logged are rank 0's share"}
-
-
-class NoWriter:
-    """The SummaryWriter of the workers other than rank 0: it writes nothing."""
-
-    def add_scalar(self, *args, **kwargs):
-        pass
-
-    add_text = add_scalar
-
-    def flush(self):
-        pass
-
-    close = flush
-
-
-@torch.no_grad()
-def broadcast_weights(*modules):
-    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
-    if dist.is_initialized():
-        params = [p for module in modules for p in module.parameters()]
-        flat = torch.cat([p.reshape(-1) for p in params])
-        dist.broadcast(flat, src=0)
-        for param, new in zip(params, flat.split([p.numel() for p in params])):
-            param.copy_(new.view_as(param))
-
-
-@torch.no_grad()
-def average_gradients(*modules):
-    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
-    equal share of the minibatch, so this is the gradient of the whole minibatch."""
-    if dist.is_initialized():
-        grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # sum over workers
-        flat /= dist.get_world_size()
-        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
-            grad.copy_(mean.view_as(grad))
-
-
-def global_batch(x):
-    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
-    if not dist.is_initialized():
-        return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def gather_episodes(episodes):
-    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
-    logged after a smaller step). Single process: the list itself."""
-    if not dist.is_initialized():
-        return episodes
-    lists = [None] * dist.get_world_size()
-    dist.all_gather_object(lists, episodes)
-    return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
-
-
-def stop_workers():
-    """Leave the group of workers (single process: nothing to do)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
+SCRIPT = harness.Script(
+    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    run_args=apply_batch_divisor, worker_share=worker_share, procgen_games=PROCGEN_GAMES,
+)
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

@@ -12,27 +12,19 @@ the behaviour policy (which collected the data k iterations ago). `--objective` 
     python ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --gamma 0.99 \\
         --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --total-timesteps 100000
 """
-import ctypes
-import importlib.util
+import dataclasses
 import math
-import os
-import pickle
-import platform
-import random
-import sys
-import time
 from collections import defaultdict, deque
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass
 from typing import Literal, NamedTuple, Optional
 
 import gymnasium as gym
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+
+import harness
 
 PROCGEN_GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -125,9 +117,9 @@ class Args:
     """which policy is pi_old: recent (Fig. 1a), decoupled prox=recent/IS=behav (Fig. 1b), behavior (Fig. 1c)"""
 
 
-def batch_sizes(args: Args) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) derived from Args."""
-    batch_size = args.num_envs * args.num_steps
+def batch_sizes(args: Args, world_size: int = 1) -> tuple[int, int, int]:
+    """(batch_size, minibatch_size, num_iterations) derived from Args (torchrun: a worker's, and W workers)."""
+    batch_size = args.num_envs * world_size * args.num_steps
     return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
 
 
@@ -434,54 +426,32 @@ def logits_in_chunks(model, obs, chunk_size):
 
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
-        return evaluate(args)
-    args, checkpoint = resume_from(args)  # --resume: the checkpoint's flags; None for a new run
-    rank, world_size = start_workers(args)  # torchrun: check the split over the workers, join them (last section)
-    check_args(args)
-    batch_size, minibatch_size, num_iterations = batch_sizes(args)
-    last_iteration = num_iterations + args.staleness  # k warm-up rollouts, then num_iterations trained ones
-    if checkpoint is not None:  # the queue restarts empty: as many rollouts as it held are collected again
-        last_iteration = checkpoint["num_iterations"] + checkpoint["queued"]
-
-    args = worker_share(args, rank, world_size)  # torchrun: this worker's num_envs / W envs and its own seed
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device, device_note = choose_device(args.cuda)
+        return harness.evaluate(args, SCRIPT)
+    run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
+    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    batch_size, minibatch_size, num_iterations = batch_sizes(args, run.world_size)
+    last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
 
-    envs = make_env(args)
-    tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
-    run_name = f"{args.env_id}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}"
-    run_dir = make_run_dir(args, run_name) if rank == 0 else None
-    print_startup(args, device_note, run_dir, steps=f"{last_iteration * batch_size:,} in {last_iteration:,} iterations "
-                  f"of {batch_size:,} ({args.num_envs * world_size} envs x {args.num_steps} steps), {num_iterations:,} "
-                  f"of them trained on", **resume_note(args, checkpoint), **workers_note(args, world_size))
-    writer = open_writer(run_dir, args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
-
     agent = Agent(envs).to(device)
-    broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
+    harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     queue = StaleQueue(args.staleness)
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
-    # what a checkpoint holds; the queue is not saved (at the paper's scale it is k rollouts of 0.8 GB)
-    models, optimizers, normalizers = {"agent": agent}, {"optimizer": optimizer}, {"reward": reward_normalizer}
     num_actions = envs.single_action_space.n
     obs_shape = envs.single_observation_space.shape
     obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
 
-    global_step, first_iteration, trained_steps = 0, 1, 0
-    episode_returns = deque(maxlen=100)
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    if checkpoint is not None:  # network, Adam, reward normalizer, RNGs, env state, counters
-        global_step, first_iteration, next_obs, next_done = restore_run(
-            checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done, normalizers)
-        trained_steps = checkpoint["trained_steps"]
-    start_step, start_time, progress = global_step, time.time(), Progress(last_iteration * batch_size, global_step)
+    # what a checkpoint holds, restored with --resume; the queue is not saved (at the paper's scale it is k rollouts
+    # of 0.8 GB): a resumed run collects as many rollouts as it held again
+    global_step, first_iteration, next_obs, next_done = run.restore(
+        last_iteration, batch_size, {"agent": agent}, {"optimizer": optimizer}, {"reward": reward_normalizer},
+        next_obs, next_done)
+    trained_steps = run.checkpoint["trained_steps"] if run.checkpoint else 0
 
     for iteration in range(first_iteration, last_iteration + 1):
         # fresh storage every iteration: the queue keeps each rollout until it is trained on
@@ -494,9 +464,8 @@ def train(args: Args) -> dict:
         dones = torch.zeros((args.num_steps, args.num_envs), device=device)
         values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-        episodes = []  # (step, return, length) of each episode that ends in this rollout
         for step in range(args.num_steps):
-            global_step += args.num_envs * world_size
+            global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_logits, values[step] = agent(next_obs)
@@ -514,23 +483,16 @@ def train(args: Args) -> dict:
                     bootstraps[step, truncated_only] = args.gamma * agent.get_value(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
-            if "episode" in info:
-                for i in np.flatnonzero(info["_episode"]):
-                    episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
-            progress.update(global_step, episode_returns)
-        for episode_step, episode_return, episode_length in gather_episodes(episodes):  # torchrun: all workers'
-            episode_returns.append(episode_return)
-            writer.add_scalar("charts/episodic_return", episode_return, episode_step)
-            writer.add_scalar("charts/episodic_length", episode_length, episode_step)
-
-        sps = int((global_step - start_step) / (time.time() - start_time))
-        writer.add_scalar("charts/SPS", sps, global_step)
+            run.after_step(global_step, info)  # finished episodes, progress
+        run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
         # queued rollouts wait in host memory, which holds many more of them than a GPU would
         rollout = Rollout(obs, actions, logits, behav_logps, values, rewards, bootstraps, dones, next_obs, next_done)
         stale = queue.push(Rollout(*(x.cpu() for x in rollout)))
-        if stale is None:
-            continue  # warm-up: the first k iterations only collect
+        if stale is None:  # warm-up: the first k iterations only collect
+            run.end_iteration(iteration, global_step, next_obs, next_done, queued=len(queue.rollouts),
+                              trained_steps=trained_steps)
+            continue
         stale = Rollout(*(x.to(device) for x in stale))
         trained_steps += batch_size
 
@@ -539,7 +501,7 @@ def train(args: Args) -> dict:
         with torch.no_grad():
             next_value = agent.get_value(stale.next_obs)
         # rewards scaled once per trained rollout, in collection order, as officially (torchrun: one estimate)
-        scaled_rewards = (reward_normalizer(stale.rewards, stale.dones, global_batch) if reward_normalizer
+        scaled_rewards = (reward_normalizer(stale.rewards, stale.dones, harness.global_batch) if reward_normalizer
                           else stale.rewards)
         advantages, returns = compute_gae(scaled_rewards + stale.bootstraps, stale.values, stale.dones, next_value,
                                           stale.next_done, args.gamma, args.gae_lambda)
@@ -549,7 +511,7 @@ def train(args: Args) -> dict:
         b_behav_logps, b_advantages = stale.behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), stale.values.reshape(-1)
         if args.norm_adv:  # full-batch normalization (the EwmaMoments of ppo_ewma.py with span 1)
-            all_advantages = global_batch(b_advantages)  # torchrun: all workers' advantages
+            all_advantages = harness.global_batch(b_advantages)  # torchrun: all workers' advantages
             b_advantages = (b_advantages - all_advantages.mean()) / (all_advantages.std(unbiased=False) + 1e-8)
 
         # pi_recent: the weights before this iteration's updates, computed once and held fixed.
@@ -582,7 +544,7 @@ def train(args: Args) -> dict:
 
                 optimizer.zero_grad()
                 loss.backward()
-                average_gradients(agent)  # torchrun: the mean gradient of all workers' minibatches
+                harness.average_gradients(agent)  # torchrun: the mean gradient of all workers' minibatches
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -606,91 +568,28 @@ def train(args: Args) -> dict:
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            writer.flush()  # the logs up to the checkpoint are on disk before it is
-            save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), make_checkpoint(
-                args, models, optimizers, envs, global_step, iteration, last_iteration, episode_returns,
-                next_obs, next_done, normalizers, queued=len(queue.rollouts), trained_steps=trained_steps))
-
-    if args.save_model and rank == 0:
-        save_checkpoint(os.path.join(run_dir, "model.pt"), make_checkpoint(
-            args, models, optimizers, envs, global_step, iteration, last_iteration, episode_returns,
-            next_obs, next_done, normalizers, queued=len(queue.rollouts), trained_steps=trained_steps))
-    progress.close(global_step, episode_returns)
-    envs.close()
-    writer.close()
-    stop_workers()
-    mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-    return {"global_step": global_step, "trained_steps": trained_steps, "sps": sps, "mean_return": mean_return,
-            "run_dir": run_dir}
+        run.end_iteration(iteration, global_step, next_obs, next_done, queued=len(queue.rollouts),
+                          trained_steps=trained_steps)  # SPS, checkpoint
+    result = run.finish(iteration, global_step, next_obs, next_done, queued=len(queue.rollouts),
+                        trained_steps=trained_steps)  # --save-model
+    return {**result, "trained_steps": trained_steps}
 
 
-# ---------------------------------------------------------- run plumbing: not part of the algorithm
-# CPU tuning, flag checks, device, run directory, start-up block, progress, checkpoints, resume, evaluation.
-# No paper describes them; every script of this repository has these helpers, written the same way.
-
-
-def keep_freed_memory():
-    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
-    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
-
-
-def tune_cpu(device, torch_threads: int, obs_shape) -> None:
-    """On the CPU: keep freed memory, and use --torch-threads threads, or by default 1 for the MLP of vector
-    observations and PyTorch's one per core for the IMPALA CNN (each the faster here: README, Speed)."""
-    if device.type != "cpu":
-        return
-    keep_freed_memory()
-    if torch_threads or len(obs_shape) != 3:
-        torch.set_num_threads(torch_threads or 1)
-
-
-PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
-FLAG_RANGES = {  # the interval each numeric flag must lie in
-    "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
-    "num_levels": "[0, inf)", "start_level": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)",
-    "num_steps": "[1, inf)", "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)",
-    "adam_eps": "(0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "gamma": "[0, 1]",
-    "reward_norm_gamma": "[0, 1]", "gae_lambda": "[0, 1]", "clip_coef": "(0, 1]", "ent_coef": "[0, inf)",
-    "vf_coef": "[0, inf)", "max_grad_norm": "(0, inf)", "max_is_ratio": "(1, inf]", "staleness": "[0, inf)",
+# ----------------------------------------------------------- what the run harness needs to know of this script
+FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
+    "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
+    "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)",
+    "max_grad_norm": "(0, inf)", "max_is_ratio": "(1, inf]", "staleness": "[0, inf)",
 }
 
 
-def check_args(args: Args) -> None:
-    """Stop with one sentence naming the flag before any work is done and before a run directory exists."""
-    check_ranges(args, FLAG_RANGES)
-    observation_space, action_space = env_spaces(args)
-    if not isinstance(action_space, gym.spaces.Discrete):
-        raise SystemExit(f"--env-id {args.env_id} has {action_space} actions; ppo_staleness.py needs discrete "
-                         f"actions.")
-    if not isinstance(observation_space, gym.spaces.Box) or not (
-            len(observation_space.shape) == 1 or observation_space.shape == (64, 64, 3)):
-        raise SystemExit(f"--env-id {args.env_id} has {observation_space} observations; ppo_staleness.py needs "
-                         f"vectors or 64x64x3 images.")
-    check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
+def check_args(args: Args, observation_space, action_space) -> None:
+    """This script's own checks of the command line's Args."""
+    harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     obs_bytes = math.prod(observation_space.shape) * observation_space.dtype.itemsize
-    check_memory(queue_bytes(args.staleness, args.num_steps, args.num_envs, obs_bytes, action_space.n), False,
-                 f"The {args.staleness + 1} rollouts that --staleness {args.staleness} keeps (host memory)",
-                 "--staleness, --num-envs or --num-steps")
-    check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
-
-
-def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples):
-    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
-    t, n, m = num_steps, num_envs, num_minibatches
-    if shuffle_samples:
-        if not 1 <= m <= n * t or (n * t) % m != 0:
-            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x --num-steps {t}).")
-    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
-        raise SystemExit(
-            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
-            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
-        )
+    harness.check_memory(queue_bytes(args.staleness, args.num_steps, args.num_envs, obs_bytes, action_space.n), False,
+                         f"The {args.staleness + 1} rollouts that --staleness {args.staleness} keeps (host memory)",
+                         "--staleness, --num-envs or --num-steps")
 
 
 def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
@@ -700,297 +599,32 @@ def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
     return (staleness + 1) * per_rollout
 
 
-def env_spaces(args: Args) -> tuple:
-    """(observation space, action space) of one env, without building the vector env."""
-    if args.env_id in PROCGEN_GAMES:
-        if importlib.util.find_spec("procgen") is None:
-            raise SystemExit(f"--env-id {args.env_id} needs the procgen package: pip install -r requirements.txt.")
-        return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
-    if args.env_id not in gym.registry:
-        raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
-    try:
-        env = gym.make(args.env_id)
-    except gym.error.Error as error:
-        raise SystemExit(f"--env-id {args.env_id} cannot be made: {error}") from None
-    env.close()
-    return env.observation_space, env.action_space
 
-
-def check_ranges(args, ranges: dict) -> None:
-    """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes."""
-    for name, interval in ranges.items():
-        value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
-        if value is not None and not ((low <= value if interval[0] == "[" else low < value)
-                                      and (value <= high if interval[-1] == "]" else value < high)):
-            raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
-
-
-def available_memory(cuda: bool) -> dict:
-    """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
-    available = {}
-    if cuda and torch.cuda.is_available():
-        available["GPU memory"] = torch.cuda.mem_get_info()[0]
-    if os.path.exists("/proc/meminfo"):
-        with open("/proc/meminfo") as meminfo:
-            lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
-        available.update({"memory": int(lines[0][1]) * 1024} if lines else {})
-    return available
-
-
-def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
-    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
-    for kind, free in available_memory(cuda).items():
-        if num_bytes > free:
-            raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
-                             f"is available; lower {flags}.")
-
-
-def check_writable(directory: str) -> None:
-    """The run directory can be made under `directory` (made later, after every check)."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise SystemExit(f"{os.path.abspath(directory)} is a file, so no run directory can be made in it; "
-                         f"move it or run from another directory.")
-    if not os.access(directory if os.path.isdir(directory) else ".", os.W_OK):
-        raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
-
-
-def choose_device(cuda: bool) -> tuple:
-    """(device, a note saying which one and why)."""
-    if cuda and torch.cuda.is_available():
-        return torch.device("cuda"), f"cuda ({torch.cuda.get_device_name()})"
-    if cuda:
-        return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
-    return torch.device("cpu"), "cpu (--no-cuda)"
-
-
-def make_run_dir(args: Args, name: str) -> str:
-    """runs/{name}__{time}, made only now that every check passed; a resumed run keeps its own directory."""
-    if args.resume is not None:
-        return os.path.dirname(args.resume) or "."
-    run_dir = os.path.join("runs", f"{name}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    return run_dir
-
-
-def print_startup(args: Args, device_note: str, run_dir: str, **lines: str) -> None:
-    """The start-up block: algorithm and paper, env, device and why, run directory, then `lines` (label: text)."""
-    print(__doc__.splitlines()[0])
-    for label, text in {"env": args.env_id, "device": device_note, "run dir": run_dir, **lines}.items():
-        print(f"  {label.replace('_', ' '):<10} {text}")
-
-
-def open_writer(run_dir: str, args: Args, checkpoint) -> SummaryWriter:
-    """TensorBoard writer; a resumed run hides what its first life logged after the checkpoint (purge_step)."""
+def count_iterations(args: Args, world_size: int, checkpoint) -> int:
+    """Iterations of the run: k warm-up rollouts, then num_iterations trained ones. The queue is not saved, so a
+    resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
-        return SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
-    writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
+        return checkpoint["num_iterations"] + checkpoint["queued"]
+    return batch_sizes(args, world_size)[2] + args.staleness
 
 
-class Progress:
-    """A tqdm bar over env steps (ETA, mean return, SPS) on a terminal; otherwise a plain line every
-    PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
-
-    def __init__(self, total_steps: int, start_step: int):
-        self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
-        self.last_report = self.start_time
-        self.bar = None
-        if sys.stdout.isatty():
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
-                            dynamic_ncols=True, smoothing=0.05)
-
-    def summary(self, global_step: int, episode_returns) -> dict:
-        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-        return {"mean_return": f"{mean_return:.2f}",
-                "SPS": int((global_step - self.start_step) / max(time.monotonic() - self.start_time, 1e-9))}
-
-    def update(self, global_step: int, episode_returns) -> None:
-        now = time.monotonic()
-        if self.bar is not None:
-            self.bar.update(global_step - self.bar.n)
-            if now - self.last_report >= 1:
-                self.last_report = now
-                self.bar.set_postfix(self.summary(global_step, episode_returns))
-        elif now - self.last_report >= PROGRESS_EVERY:
-            self.last_report = now
-            self.print_line(global_step, episode_returns)
-
-    def print_line(self, global_step: int, episode_returns) -> None:
-        elapsed, done = time.monotonic() - self.start_time, global_step - self.start_step
-        eta = (self.total - global_step) * elapsed / done if done > 0 else float("nan")
-        summary = self.summary(global_step, episode_returns)
-        print(f"step {global_step:,}/{self.total:,} ({100 * global_step / self.total:.0f}%)  mean_return "
-              f"{summary['mean_return']}  SPS {summary['SPS']:,}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s", flush=True)
-
-    def close(self, global_step: int, episode_returns) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(self.summary(global_step, episode_returns))
-            self.bar.close()
-        else:
-            self.print_line(global_step, episode_returns)
+def describe(args: Args, world_size: int, checkpoint) -> str:
+    """The start-up block's line on the run's size (args: this worker's)."""
+    batch_size, _, num_iterations = batch_sizes(args, world_size)
+    last_iteration = count_iterations(args, world_size, checkpoint)
+    return (f"{last_iteration * batch_size:,} in {last_iteration:,} iterations of {batch_size:,} "
+            f"({args.num_envs * world_size} envs x {args.num_steps} steps), {num_iterations:,} of them trained on")
 
 
-def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-                    next_obs, next_done, normalizers=None, **extra) -> dict:
-    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read).
-
-    models, optimizers: {name: module or optimizer}; normalizers: {name: object} for running statistics
-    kept outside the env stack (saved as their attributes); None entries are left out; extra: more keys."""
-    return {
-        "args": asdict(args),
-        "models": {name: model.state_dict() for name, model in models.items() if model is not None},
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
-        "normalizers": {**{name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var),
-                                  "count": float(rms.count)} for name, (_, rms) in env_normalizers(envs).items()},
-                        **{name: dict(vars(normalizer)) for name, normalizer in (normalizers or {}).items()
-                           if normalizer is not None}},
-        "rng": rng_state(),
-        "global_step": global_step,
-        "iteration": iteration,
-        "num_iterations": num_iterations,
-        "episode_returns": list(episode_returns),
-        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
-        **extra,
-    }
+def worker_share(args: Args, rank: int, world_size: int) -> Args:
+    """A torchrun worker's Args: num_envs / W envs and seed + rank * num_envs / W. A Gymnasium vector env seeds its
+    env i with seed + i, so the W workers together step the very envs of a single process."""
+    num_envs = args.num_envs // world_size
+    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
 
 
-def save_checkpoint(path: str, checkpoint: dict) -> None:
-    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint."""
-    tmp_path = f"{path}.tmp{os.getpid()}"
-    with open(tmp_path, "wb") as file:
-        torch.save(checkpoint, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp_path, path)
-
-
-def load_checkpoint(path: str, flag: str, device="cpu") -> dict:
-    """torch.load with weights_only=True; one sentence naming `flag` if it is not a checkpoint of this script."""
-    script = os.path.basename(__file__)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{flag} {path}: no such file.")
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:
-        raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
-    if not isinstance(checkpoint, dict) or set(checkpoint.get("args", ())) != {f.name for f in fields(Args)}:
-        raise SystemExit(f"{flag} {path} is not a {script} checkpoint.")
-    return checkpoint
-
-
-def resume_from(args: Args) -> tuple:
-    """--resume PATH: (the checkpoint's Args, the checkpoint); without it (args, None)."""
-    if args.resume is None:
-        return args, None
-    given = [f"--{f.name.replace('_', '-')}" for f in fields(Args)
-             if f.name not in ("resume", "cuda") and getattr(args, f.name) != getattr(Args(), f.name)]
-    if given:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {', '.join(given)} "
-                         f"(only --cuda/--no-cuda may be given with --resume).")
-    checkpoint = load_checkpoint(args.resume, "--resume")
-    resumed = replace(Args(**checkpoint["args"]), resume=args.resume, cuda=args.cuda)
-    if checkpoint["iteration"] >= checkpoint["num_iterations"]:
-        raise SystemExit(f"--resume {args.resume}: that run already finished all {checkpoint['iteration']} iterations.")
-    return resumed, checkpoint
-
-
-def resume_note(args: Args, checkpoint) -> dict:
-    if checkpoint is None:
-        return {}
-    return {"resuming": f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
-                        f"from {args.resume}"}
-
-
-def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done,
-                normalizers=None) -> tuple:
-    """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
-    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
-    (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
-    for name, model in models.items():
-        if model is not None:
-            model.load_state_dict(checkpoint["models"][name])
-    for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(checkpoint["optimizers"][name])
-    for name, normalizer in (normalizers or {}).items():
-        if normalizer is not None:
-            vars(normalizer).update(checkpoint["normalizers"][name])
-    episode_returns.extend(checkpoint["episode_returns"])
-    saved_env = checkpoint["env"]
-    if saved_env["state"] is not None:
-        restore_env_state(envs, saved_env["state"])
-        next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
-    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
-        next_done = torch.ones_like(next_done)
-    load_normalizers(envs, checkpoint["normalizers"])
-    set_rng_state(checkpoint["rng"])
-    return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
-
-
-def rng_state() -> dict:
-    numpy_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
-            "torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
-
-
-def set_rng_state(rng: dict) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-def env_normalizers(envs) -> dict:
-    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
-    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i)."""
-    found, env = {}, envs
-    while isinstance(env, gym.vector.VectorWrapper):
-        if isinstance(env, gym.wrappers.vector.NormalizeReward):
-            found["reward"] = (env, env.return_rms)
-        env = env.env
-    for i, sub_env in enumerate(getattr(env, "envs", ())):
-        while isinstance(sub_env, gym.Wrapper):
-            if isinstance(sub_env, gym.wrappers.NormalizeObservation):
-                found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
-            sub_env = sub_env.env
-    return found
-
-
-def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
-    """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
-    for name, (wrapper, rms) in env_normalizers(envs).items():
-        if name in states:
-            rms.mean, rms.var = states[name]["mean"].numpy().copy(), states[name]["var"].numpy().copy()
-            rms.count = states[name]["count"]
-        wrapper.update_running_mean = not freeze
-
-
-def env_state(envs):
-    """Every layer of a Gymnasium vector env stack (wrappers, vector env, sub-envs with their RNGs), pickled
-    attribute by attribute; functions such as make_vec's env factories are left out. None for Procgen."""
-    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return None
-    layers, env = [], envs
-    while env is not None:
-        layer = {}
-        for key, value in vars(env).items():
-            try:
-                layer[key] = pickle.dumps(value) if key != "env" else None
-            except (pickle.PicklingError, AttributeError, TypeError):
-                pass  # a function: the same in the restored stack
-        layers.append({key: value for key, value in layer.items() if value is not None})
-        env = getattr(env, "env", None)
-    return pickle.dumps(layers)
-
-
-def restore_env_state(envs, state: bytes) -> None:
-    env = envs
-    for layer in pickle.loads(state):
-        vars(env).update({key: pickle.loads(value) for key, value in layer.items()})
-        env = getattr(env, "env", None)
+def run_name(args: Args) -> str:
+    return f"{args.env_id}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}"
 
 
 def acting_policy(args: Args, envs, models: dict, device):
@@ -1006,189 +640,11 @@ def acting_policy(args: Args, envs, models: dict, device):
     return act
 
 
-def check_video_dependency() -> None:
-    try:
-        import moviepy  # noqa: F401  (Gymnasium's RecordVideo writes the videos with it)
-    except ImportError:
-        raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
-                         "pip install moviepy.") from None
 
-
-def check_rendering(env_id: str) -> None:
-    """--capture-video needs an env that renders frames (classic control: pygame; MuJoCo: OpenGL)."""
-    if env_id not in PROCGEN_GAMES:  # Procgen's frames are its observations
-        try:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env.reset(seed=0)
-            env.render()
-            env.close()
-        except Exception as error:
-            raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({error}).") from None
-
-
-def evaluate(args: Args) -> dict:
-    """--eval-checkpoint: play the saved policy (sampled, as in training) on one env with the saved
-    normalization frozen; print and log (eval/mean_return, eval/std_return) the raw episodic return."""
-    check_ranges(args, FLAG_RANGES)
-    if args.resume is not None:
-        raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
-    if args.capture_video:
-        check_video_dependency()
-    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")
-    run_args = replace(Args(**checkpoint["args"]), num_envs=1, seed=args.seed, resume=None)
-    if args.capture_video:
-        check_rendering(run_args.env_id)
-    check_writable("runs")
-    device, device_note = choose_device(args.cuda)
-    envs = make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
-    load_normalizers(envs, checkpoint["normalizers"], freeze=True)
-    run_dir = make_run_dir(run_args, f"{run_args.env_id}__{run_args.exp_name}__{run_args.seed}__eval")
-    print_startup(run_args, device_note, run_dir,
-                  checkpoint=f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-                  episodes=f"{args.eval_episodes}, actions sampled as in training, normalization frozen")
-    if args.capture_video:
-        envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
-                                               episode_trigger=lambda episode: episode < args.eval_episodes)
-    act = acting_policy(run_args, envs, checkpoint["models"], device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    returns, (obs, _) = [], envs.reset(seed=args.seed)
-    while len(returns) < args.eval_episodes:
-        obs, _, _, _, info = envs.step(act(obs))
-        if "episode" in info:
-            returns.extend(info["episode"]["r"][info["_episode"]].tolist())
-    envs.close()
-    returns = returns[:args.eval_episodes]
-    mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, returns {returns}")
-    writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
-    writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
-    writer.close()
-    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes")
-    return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
-            "global_step": checkpoint["global_step"]}
-
-
-# ---------------------------------------------------- distributed workers (torchrun): not part of the algorithm
-# `torchrun --nproc_per_node W` runs W copies of this script, one per GPU (several machines: torchrun's --nnodes
-# and --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed,
-# normalizes its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so
-# their weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
-# moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.
-def start_workers(args: Args) -> tuple[int, int]:
-    """Under torchrun (args: the command line's): take this worker's GPU, check the flags and their split over the
-    workers, join the others (NCCL with one GPU each when CUDA is used, Gloo on CPU) and silence stdout on ranks
-    > 0; return (rank, W). In a single process: (0, 1), and nothing is done."""
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world_size == 1:
-        return 0, 1
-    cuda = torch.cuda.is_available() and args.cuda
-    if cuda:  # before anything touches CUDA (check_args does), or every worker opens a context on GPU 0
-        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-        if local_size > torch.cuda.device_count():
-            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
-                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
-        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
-    check_args(args)  # a bad flag is named as in a single process
-    if args.resume is not None or args.checkpoint_every:
-        raise SystemExit("--resume and --checkpoint-every work in a single process only: a checkpoint holds the "
-                         "envs, reward normalizer and random state of one worker, not the others'.")
-    num_envs, total = args.num_envs, f"--num-envs {args.num_envs}"
-    if num_envs % world_size != 0:
-        raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
-                         f"torchrun workers.")
-    try:
-        check_args(worker_share(args, rank, world_size))  # e.g. the minibatches now split each worker's envs
-    except SystemExit as error:
-        raise SystemExit(f"With {world_size} torchrun workers each one runs {num_envs // world_size} of the {total} "
-                         f"envs: {error}") from None
-    dist.init_process_group("nccl" if cuda else "gloo")
-    if rank != 0:
-        sys.stdout = open(os.devnull, "w")
-    return rank, world_size
-
-
-def worker_share(args: Args, rank: int, world_size: int) -> Args:
-    """This worker's Args: num_envs / W envs and seed + rank * num_envs / W. A Gymnasium vector env seeds its env i
-    with seed + i, so the W workers together step the very envs of a single process."""
-    if world_size == 1:
-        return args
-    num_envs = args.num_envs // world_size
-    return replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
-
-
-def workers_note(args: Args, world_size: int) -> dict:
-    """The start-up block's line on the torchrun workers (args: rank 0's share); none in a single process."""
-    if world_size == 1:
-        return {}
-    return {"workers": f"{world_size} torchrun workers ({dist.get_backend()}), each with {args.num_envs} envs and seed "
-                       f"{args.seed} + {args.num_envs} x rank; the flags printed and logged are rank 0's share"}
-
-
-class NoWriter:
-    """The SummaryWriter of the workers other than rank 0: it writes nothing."""
-
-    def add_scalar(self, *args, **kwargs):
-        pass
-
-    add_text = add_scalar
-
-    def flush(self):
-        pass
-
-    close = flush
-
-
-@torch.no_grad()
-def broadcast_weights(*modules):
-    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
-    if dist.is_initialized():
-        params = [p for module in modules for p in module.parameters()]
-        flat = torch.cat([p.reshape(-1) for p in params])
-        dist.broadcast(flat, src=0)
-        for param, new in zip(params, flat.split([p.numel() for p in params])):
-            param.copy_(new.view_as(param))
-
-
-@torch.no_grad()
-def average_gradients(*modules):
-    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
-    equal share of the minibatch, so this is the gradient of the whole minibatch."""
-    if dist.is_initialized():
-        grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # sum over workers
-        flat /= dist.get_world_size()
-        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
-            grad.copy_(mean.view_as(grad))
-
-
-def global_batch(x):
-    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
-    if not dist.is_initialized():
-        return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def gather_episodes(episodes):
-    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
-    logged after a smaller step). Single process: the list itself."""
-    if not dist.is_initialized():
-        return episodes
-    lists = [None] * dist.get_world_size()
-    dist.all_gather_object(lists, episodes)
-    return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
-
-
-def stop_workers():
-    """Leave the group of workers (single process: nothing to do)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
+SCRIPT = harness.Script(
+    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    worker_share=worker_share, run_name=run_name, procgen_games=PROCGEN_GAMES,
+)
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

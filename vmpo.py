@@ -16,17 +16,9 @@ returns through a PopArt-normalized head (Sec. 4.1). No entropy bonus, no import
         --update-epochs 10 --gamma 0.99 --total-timesteps 1000000   # diagonal Gaussian, decoupled KLs
 """
 import copy
-import ctypes
-import importlib.util
 import math
-import os
-import pickle
-import platform
-import random
-import sys
-import time
-from collections import defaultdict, deque
-from dataclasses import asdict, dataclass, fields, replace
+from collections import defaultdict
+from dataclasses import dataclass
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -35,8 +27,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import tyro
-from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
+
+import harness
 
 PROCGEN_GAMES = (
     "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
@@ -456,25 +448,12 @@ def policy_kls(target_pi, pi):
 
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
-        return evaluate(args)
-    args, checkpoint = resume_from(args)  # --resume: the checkpoint's flags; None for a new run
-    check_args(args)
+        return harness.evaluate(args, SCRIPT)
+    run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
+    args, envs, device, writer = run.args, run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
-
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    torch.backends.cudnn.deterministic = args.torch_deterministic
-    device, device_note = choose_device(args.cuda)
-
-    envs = make_env(args)
-    tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
-    run_dir = make_run_dir(args, f"{args.env_id}__{args.exp_name}__{args.seed}")
-    print_startup(args, device_note, run_dir, steps=f"{num_iterations * batch_size:,} in {num_iterations:,} iterations "
-                  f"of {batch_size:,} ({args.num_envs} envs x {args.num_steps} steps)", **resume_note(args, checkpoint))
-    writer = open_writer(run_dir, args, checkpoint)
 
     agent = Agent(envs, args.popart_beta, args.min_std).to(device)
     target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
@@ -494,8 +473,6 @@ def train(args: Args) -> dict:
          {"params": list(multipliers.values()), "lr": args.multiplier_lr or args.learning_rate}],
         lr=args.learning_rate, eps=args.adam_eps,
     )
-    models = {"agent": agent, "target_agent": target_agent, "multipliers": multipliers}  # what a checkpoint holds
-    optimizers = {"optimizer": optimizer}
 
     # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
     obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
@@ -506,16 +483,13 @@ def train(args: Args) -> dict:
     dones = torch.zeros((args.num_steps, args.num_envs), device=device)
     values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
-    global_step, first_iteration = 0, 1
-    episode_returns = deque(maxlen=100)
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    if checkpoint is not None:  # networks, multipliers, Adam, normalizers, RNGs, env state, counters
-        global_step, first_iteration, next_obs, next_done = restore_run(
-            checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done)
+    global_step, first_iteration, next_obs, next_done = run.restore(  # what a checkpoint holds, with --resume
+        num_iterations, batch_size, {"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
+        {"optimizer": optimizer}, {}, next_obs, next_done)
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
-    start_step, start_time, progress = global_step, time.time(), Progress(num_iterations * batch_size, global_step)
 
     for iteration in range(first_iteration, num_iterations + 1):
         # right after a sync (the default: at the end of every iteration) target == online, and one
@@ -549,12 +523,8 @@ def train(args: Args) -> dict:
                     rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
-            if "episode" in info:
-                for i in np.flatnonzero(info["_episode"]):
-                    episode_returns.append(float(info["episode"]["r"][i]))
-                    writer.add_scalar("charts/episodic_return", info["episode"]["r"][i], global_step)
-                    writer.add_scalar("charts/episodic_length", info["episode"]["l"][i], global_step)
-            progress.update(global_step, episode_returns)
+            run.after_step(global_step, info)  # finished episodes, progress
+        run.end_rollout()  # the rollout's episodes to TensorBoard
 
         # G^(n) bootstrapped with the online V at the unroll's end; A = G^(n) - V (Sec. 4.1)
         with torch.no_grad():
@@ -615,9 +585,7 @@ def train(args: Args) -> dict:
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
-        sps = int((global_step - start_step) / (time.time() - start_time))
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        writer.add_scalar("charts/SPS", sps, global_step)
         for tag, vals in stats.items():
             writer.add_scalar(tag, torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
@@ -630,70 +598,21 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/top_k_frac", top_k / minibatch_size, global_step)
         writer.add_scalar("charts/popart_mean", agent.critic.mu.item(), global_step)
         writer.add_scalar("charts/popart_std", agent.critic.sigma.item(), global_step)
-        if args.checkpoint_every and iteration % args.checkpoint_every == 0:
-            writer.flush()  # the logs up to the checkpoint are on disk before it is
-            save_checkpoint(os.path.join(run_dir, "checkpoint.pt"), make_checkpoint(
-                args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-                next_obs, next_done))
-
-    if args.save_model:
-        save_checkpoint(os.path.join(run_dir, "model.pt"), make_checkpoint(
-            args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-            next_obs, next_done))
-    progress.close(global_step, episode_returns)
-    envs.close()
-    writer.close()
-    mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-    return {"global_step": global_step, "sps": sps, "mean_return": mean_return, "run_dir": run_dir}
+        run.end_iteration(iteration, global_step, next_obs, next_done)  # SPS, checkpoint
+    return run.finish(iteration, global_step, next_obs, next_done)  # --save-model
 
 
-# ---------------------------------------------------------- run plumbing: not part of the algorithm
-# CPU tuning, flag checks, device, run directory, start-up block, progress, checkpoints, resume, evaluation.
-# No paper describes them; every script of this repository has these helpers, written the same way.
-
-
-def keep_freed_memory():
-    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
-    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
-
-
-def tune_cpu(device, torch_threads: int, obs_shape) -> None:
-    """On the CPU: keep freed memory, and use --torch-threads threads, or by default 1 for the MLP of vector
-    observations and PyTorch's one per core for the IMPALA CNN (each the faster here: README, Speed)."""
-    if device.type != "cpu":
-        return
-    keep_freed_memory()
-    if torch_threads or len(obs_shape) != 3:
-        torch.set_num_threads(torch_threads or 1)
-
-
-PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
-FLAG_RANGES = {  # the interval each numeric flag must lie in
-    "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
-    "num_levels": "[0, inf)", "start_level": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)",
-    "num_steps": "[1, inf)", "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "target_period": "[0, inf)",
-    "learning_rate": "(0, inf)", "multiplier_lr": "(0, inf)", "adam_eps": "(0, inf)", "gamma": "[0, 1]",
-    "gae_lambda": "[0, 1]", "popart_beta": "(0, 1]", "top_k_fraction": "(0, 1]", "eta_init": "(0, inf)",
-    "eps_eta": "(0, inf)", "alpha_init": "(0, inf)", "eps_alpha": "(0, inf)", "alpha_mean_init": "(0, inf)",
-    "alpha_std_init": "(0, inf)", "eps_alpha_mean": "(0, inf)", "eps_alpha_std": "(0, inf)", "min_std": "(0, inf)",
+# ----------------------------------------------------------- what the run harness needs to know of this script
+FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
+    "num_levels": "[0, inf)", "start_level": "[0, inf)", "target_period": "[0, inf)", "multiplier_lr": "(0, inf)",
+    "popart_beta": "(0, 1]", "top_k_fraction": "(0, 1]", "eta_init": "(0, inf)", "eps_eta": "(0, inf)",
+    "alpha_init": "(0, inf)", "eps_alpha": "(0, inf)", "alpha_mean_init": "(0, inf)", "alpha_std_init": "(0, inf)",
+    "eps_alpha_mean": "(0, inf)", "eps_alpha_std": "(0, inf)", "min_std": "(0, inf)",
 }
 
 
-def check_args(args: Args) -> None:
-    """Stop with one sentence naming the flag before any work is done and before a run directory exists."""
-    check_ranges(args, FLAG_RANGES)
-    observation_space, action_space = env_spaces(args)
-    if not isinstance(action_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        raise SystemExit(f"--env-id {args.env_id} has {action_space} actions; vmpo.py needs Discrete or Box actions.")
-    if not isinstance(observation_space, gym.spaces.Box) or not (
-            len(observation_space.shape) == 1 or observation_space.shape == (64, 64, 3)):
-        raise SystemExit(f"--env-id {args.env_id} has {observation_space} observations; vmpo.py needs vectors "
-                         f"or 64x64x3 images.")
+def check_args(args: Args, observation_space, action_space) -> None:
+    """This script's own checks of the command line's Args."""
     batch_size = args.num_envs * args.num_steps
     if args.num_minibatches > batch_size or batch_size % args.num_minibatches != 0:
         raise SystemExit(f"--num-minibatches {args.num_minibatches} must divide the batch of {batch_size} samples "
@@ -701,301 +620,14 @@ def check_args(args: Args) -> None:
     # obs, actions, rewards, dones, values, advantages, returns: one of each per sample
     sample_bytes = (math.prod(observation_space.shape) * observation_space.dtype.itemsize
                     + (4 * math.prod(action_space.shape) if isinstance(action_space, gym.spaces.Box) else 8) + 5 * 4)
-    check_memory(batch_size * sample_bytes, args.cuda, "The rollout buffers", "--num-envs or --num-steps")
-    check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
+    harness.check_memory(batch_size * sample_bytes, args.cuda, "The rollout buffers", "--num-envs or --num-steps")
 
 
-def env_spaces(args: Args) -> tuple:
-    """(observation space, action space) of one env, without building the vector env."""
-    if args.env_id in PROCGEN_GAMES:
-        if importlib.util.find_spec("procgen") is None:
-            raise SystemExit(f"--env-id {args.env_id} needs the procgen package: pip install -r requirements.txt.")
-        return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
-    if args.env_id not in gym.registry:
-        raise SystemExit(f"--env-id {args.env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
-    try:
-        env = gym.make(args.env_id)
-    except gym.error.Error as error:
-        raise SystemExit(f"--env-id {args.env_id} cannot be made: {error}") from None
-    env.close()
-    return env.observation_space, env.action_space
-
-
-def check_ranges(args, ranges: dict) -> None:
-    """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes."""
-    for name, interval in ranges.items():
-        value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
-        if value is not None and not ((low <= value if interval[0] == "[" else low < value)
-                                      and (value <= high if interval[-1] == "]" else value < high)):
-            raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
-
-
-def available_memory(cuda: bool) -> dict:
-    """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
-    available = {}
-    if cuda and torch.cuda.is_available():
-        available["GPU memory"] = torch.cuda.mem_get_info()[0]
-    if os.path.exists("/proc/meminfo"):
-        with open("/proc/meminfo") as meminfo:
-            lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
-        available.update({"memory": int(lines[0][1]) * 1024} if lines else {})
-    return available
-
-
-def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
-    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
-    for kind, free in available_memory(cuda).items():
-        if num_bytes > free:
-            raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
-                             f"is available; lower {flags}.")
-
-
-def check_writable(directory: str) -> None:
-    """The run directory can be made under `directory` (made later, after every check)."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise SystemExit(f"{os.path.abspath(directory)} is a file, so no run directory can be made in it; "
-                         f"move it or run from another directory.")
-    if not os.access(directory if os.path.isdir(directory) else ".", os.W_OK):
-        raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
-
-
-def choose_device(cuda: bool) -> tuple:
-    """(device, a note saying which one and why)."""
-    if cuda and torch.cuda.is_available():
-        return torch.device("cuda"), f"cuda ({torch.cuda.get_device_name()})"
-    if cuda:
-        return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
-    return torch.device("cpu"), "cpu (--no-cuda)"
-
-
-def make_run_dir(args: Args, name: str) -> str:
-    """runs/{name}__{time}, made only now that every check passed; a resumed run keeps its own directory."""
-    if args.resume is not None:
-        return os.path.dirname(args.resume) or "."
-    run_dir = os.path.join("runs", f"{name}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    return run_dir
-
-
-def print_startup(args: Args, device_note: str, run_dir: str, **lines: str) -> None:
-    """The start-up block: algorithm and paper, env, device and why, run directory, then `lines` (label: text)."""
-    print(__doc__.splitlines()[0])
-    for label, text in {"env": args.env_id, "device": device_note, "run dir": run_dir, **lines}.items():
-        print(f"  {label.replace('_', ' '):<10} {text}")
-
-
-def open_writer(run_dir: str, args: Args, checkpoint) -> SummaryWriter:
-    """TensorBoard writer; a resumed run hides what its first life logged after the checkpoint (purge_step)."""
-    if checkpoint is not None:
-        return SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
-    writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
-class Progress:
-    """A tqdm bar over env steps (ETA, mean return, SPS) on a terminal; otherwise a plain line every
-    PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
-
-    def __init__(self, total_steps: int, start_step: int):
-        self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
-        self.last_report = self.start_time
-        self.bar = None
-        if sys.stdout.isatty():
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
-                            dynamic_ncols=True, smoothing=0.05)
-
-    def summary(self, global_step: int, episode_returns) -> dict:
-        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-        return {"mean_return": f"{mean_return:.2f}",
-                "SPS": int((global_step - self.start_step) / max(time.monotonic() - self.start_time, 1e-9))}
-
-    def update(self, global_step: int, episode_returns) -> None:
-        now = time.monotonic()
-        if self.bar is not None:
-            self.bar.update(global_step - self.bar.n)
-            if now - self.last_report >= 1:
-                self.last_report = now
-                self.bar.set_postfix(self.summary(global_step, episode_returns))
-        elif now - self.last_report >= PROGRESS_EVERY:
-            self.last_report = now
-            self.print_line(global_step, episode_returns)
-
-    def print_line(self, global_step: int, episode_returns) -> None:
-        elapsed, done = time.monotonic() - self.start_time, global_step - self.start_step
-        eta = (self.total - global_step) * elapsed / done if done > 0 else float("nan")
-        summary = self.summary(global_step, episode_returns)
-        print(f"step {global_step:,}/{self.total:,} ({100 * global_step / self.total:.0f}%)  mean_return "
-              f"{summary['mean_return']}  SPS {summary['SPS']:,}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s", flush=True)
-
-    def close(self, global_step: int, episode_returns) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix(self.summary(global_step, episode_returns))
-            self.bar.close()
-        else:
-            self.print_line(global_step, episode_returns)
-
-
-def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-                    next_obs, next_done, normalizers=None, **extra) -> dict:
-    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read).
-
-    models, optimizers: {name: module or optimizer}; normalizers: {name: object} for running statistics
-    kept outside the env stack (saved as their attributes); None entries are left out; extra: more keys."""
-    return {
-        "args": asdict(args),
-        "models": {name: model.state_dict() for name, model in models.items() if model is not None},
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
-        "normalizers": {**{name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var),
-                                  "count": float(rms.count)} for name, (_, rms) in env_normalizers(envs).items()},
-                        **{name: dict(vars(normalizer)) for name, normalizer in (normalizers or {}).items()
-                           if normalizer is not None}},
-        "rng": rng_state(),
-        "global_step": global_step,
-        "iteration": iteration,
-        "num_iterations": num_iterations,
-        "episode_returns": list(episode_returns),
-        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
-        **extra,
-    }
-
-
-def save_checkpoint(path: str, checkpoint: dict) -> None:
-    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint."""
-    tmp_path = f"{path}.tmp{os.getpid()}"
-    with open(tmp_path, "wb") as file:
-        torch.save(checkpoint, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp_path, path)
-
-
-def load_checkpoint(path: str, flag: str, device="cpu") -> dict:
-    """torch.load with weights_only=True; one sentence naming `flag` if it is not a checkpoint of this script."""
-    script = os.path.basename(__file__)
-    if not os.path.isfile(path):
-        raise SystemExit(f"{flag} {path}: no such file.")
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:
-        raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
-    if not isinstance(checkpoint, dict) or set(checkpoint.get("args", ())) != {f.name for f in fields(Args)}:
-        raise SystemExit(f"{flag} {path} is not a {script} checkpoint.")
-    return checkpoint
-
-
-def resume_from(args: Args) -> tuple:
-    """--resume PATH: (the checkpoint's Args, the checkpoint); without it (args, None)."""
-    if args.resume is None:
-        return args, None
-    given = [f"--{f.name.replace('_', '-')}" for f in fields(Args)
-             if f.name not in ("resume", "cuda") and getattr(args, f.name) != getattr(Args(), f.name)]
-    if given:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {', '.join(given)} "
-                         f"(only --cuda/--no-cuda may be given with --resume).")
-    checkpoint = load_checkpoint(args.resume, "--resume")
-    resumed = replace(Args(**checkpoint["args"]), resume=args.resume, cuda=args.cuda)
-    if checkpoint["iteration"] >= checkpoint["num_iterations"]:
-        raise SystemExit(f"--resume {args.resume}: that run already finished all {checkpoint['iteration']} iterations.")
-    return resumed, checkpoint
-
-
-def resume_note(args: Args, checkpoint) -> dict:
-    if checkpoint is None:
-        return {}
-    return {"resuming": f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
-                        f"from {args.resume}"}
-
-
-def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done,
-                normalizers=None) -> tuple:
-    """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
-    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
-    (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
-    for name, model in models.items():
-        if model is not None:
-            model.load_state_dict(checkpoint["models"][name])
-    for name, optimizer in optimizers.items():
-        optimizer.load_state_dict(checkpoint["optimizers"][name])
-    for name, normalizer in (normalizers or {}).items():
-        if normalizer is not None:
-            vars(normalizer).update(checkpoint["normalizers"][name])
-    episode_returns.extend(checkpoint["episode_returns"])
-    saved_env = checkpoint["env"]
-    if saved_env["state"] is not None:
-        restore_env_state(envs, saved_env["state"])
-        next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
-    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
-        next_done = torch.ones_like(next_done)
-    load_normalizers(envs, checkpoint["normalizers"])
-    set_rng_state(checkpoint["rng"])
-    return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
-
-
-def rng_state() -> dict:
-    numpy_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
-            "torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
-
-
-def set_rng_state(rng: dict) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
-    torch.set_rng_state(rng["torch"])
-    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(rng["cuda"])
-
-
-def env_normalizers(envs) -> dict:
-    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
-    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i)."""
-    found, env = {}, envs
-    while isinstance(env, gym.vector.VectorWrapper):
-        if isinstance(env, gym.wrappers.vector.NormalizeReward):
-            found["reward"] = (env, env.return_rms)
-        env = env.env
-    for i, sub_env in enumerate(getattr(env, "envs", ())):
-        while isinstance(sub_env, gym.Wrapper):
-            if isinstance(sub_env, gym.wrappers.NormalizeObservation):
-                found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
-            sub_env = sub_env.env
-    return found
-
-
-def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
-    """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
-    for name, (wrapper, rms) in env_normalizers(envs).items():
-        if name in states:
-            rms.mean, rms.var = states[name]["mean"].numpy().copy(), states[name]["var"].numpy().copy()
-            rms.count = states[name]["count"]
-        wrapper.update_running_mean = not freeze
-
-
-def env_state(envs):
-    """Every layer of a Gymnasium vector env stack (wrappers, vector env, sub-envs with their RNGs), pickled
-    attribute by attribute; functions such as make_vec's env factories are left out. None for Procgen."""
-    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return None
-    layers, env = [], envs
-    while env is not None:
-        layer = {}
-        for key, value in vars(env).items():
-            try:
-                layer[key] = pickle.dumps(value) if key != "env" else None
-            except (pickle.PicklingError, AttributeError, TypeError):
-                pass  # a function: the same in the restored stack
-        layers.append({key: value for key, value in layer.items() if value is not None})
-        env = getattr(env, "env", None)
-    return pickle.dumps(layers)
-
-
-def restore_env_state(envs, state: bytes) -> None:
-    env = envs
-    for layer in pickle.loads(state):
-        vars(env).update({key: pickle.loads(value) for key, value in layer.items()})
-        env = getattr(env, "env", None)
+def describe(args: Args, world_size: int, checkpoint) -> str:
+    """The start-up block's line on the run's size."""
+    batch_size, _, num_iterations = batch_sizes(args)
+    return (f"{num_iterations * batch_size:,} in {num_iterations:,} iterations of {batch_size:,} "
+            f"({args.num_envs} envs x {args.num_steps} steps)")
 
 
 def acting_policy(args: Args, envs, models: dict, device):
@@ -1014,70 +646,11 @@ def acting_policy(args: Args, envs, models: dict, device):
     return act
 
 
-def check_video_dependency() -> None:
-    try:
-        import moviepy  # noqa: F401  (Gymnasium's RecordVideo writes the videos with it)
-    except ImportError:
-        raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
-                         "pip install moviepy.") from None
 
-
-def check_rendering(env_id: str) -> None:
-    """--capture-video needs an env that renders frames (classic control: pygame; MuJoCo: OpenGL)."""
-    if env_id not in PROCGEN_GAMES:  # Procgen's frames are its observations
-        try:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env.reset(seed=0)
-            env.render()
-            env.close()
-        except Exception as error:
-            raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({error}).") from None
-
-
-def evaluate(args: Args) -> dict:
-    """--eval-checkpoint: play the saved policy (sampled, as in training) on one env with the saved
-    normalization frozen; print and log (eval/mean_return, eval/std_return) the raw episodic return."""
-    check_ranges(args, FLAG_RANGES)
-    if args.resume is not None:
-        raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
-    if args.capture_video:
-        check_video_dependency()
-    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint")
-    run_args = replace(Args(**checkpoint["args"]), num_envs=1, seed=args.seed, resume=None)
-    if args.capture_video:
-        check_rendering(run_args.env_id)
-    check_writable("runs")
-    device, device_note = choose_device(args.cuda)
-    envs = make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
-    load_normalizers(envs, checkpoint["normalizers"], freeze=True)
-    run_dir = make_run_dir(run_args, f"{run_args.env_id}__{run_args.exp_name}__{run_args.seed}__eval")
-    print_startup(run_args, device_note, run_dir,
-                  checkpoint=f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-                  episodes=f"{args.eval_episodes}, actions sampled as in training, normalization frozen")
-    if args.capture_video:
-        envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
-                                               episode_trigger=lambda episode: episode < args.eval_episodes)
-    act = acting_policy(run_args, envs, checkpoint["models"], device)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    returns, (obs, _) = [], envs.reset(seed=args.seed)
-    while len(returns) < args.eval_episodes:
-        obs, _, _, _, info = envs.step(act(obs))
-        if "episode" in info:
-            returns.extend(info["episode"]["r"][info["_episode"]].tolist())
-    envs.close()
-    returns = returns[:args.eval_episodes]
-    mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
-    writer = SummaryWriter(run_dir)
-    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, returns {returns}")
-    writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
-    writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
-    writer.close()
-    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes")
-    return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
-            "global_step": checkpoint["global_step"]}
-
+SCRIPT = harness.Script(
+    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    procgen_games=PROCGEN_GAMES, actions="any",
+)
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

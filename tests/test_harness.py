@@ -9,7 +9,10 @@ import os
 import sys
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import harness
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scalars_before_harness.json")
 WALL_CLOCK_TAGS = {"charts/SPS", "charts/policy_phase_time", "charts/aux_phase_time"}
@@ -45,6 +48,40 @@ def test_every_scalar_is_the_one_logged_before_the_harness(name, tmp_path, monke
     logged = logged_scalars(*RUNS[name], exp_name=name)
     for tag, points in expected.items():
         assert logged.get(tag) == points, f"{name}: {tag} differs from the recorded run"
+
+
+# ------------------------------------------------------------------------------------ progress, CPU
+def test_progress_prints_a_plain_line_every_30_seconds_when_not_a_terminal(monkeypatch, capsys):
+    clock = [1000.0]
+    monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
+    progress = harness.Progress(total_steps=1000, start_step=0)
+    for step in range(1, 101):  # one update per second for 100 s, an episode finishing at every one
+        clock[0] += 1.0
+        progress.update(10 * step, [float(step)])
+    progress.close(1000, [100.0])
+    lines = capsys.readouterr().out.splitlines()
+    # at 30, 60 and 90 s, then the final line: step 300 of 1000 after 30 s at 10 steps/s, ETA (700 / 300) * 30 = 70 s
+    assert len(lines) == 4
+    assert lines[0] == "step 300/1,000 (30%)  mean_return 30.00  SPS 10  elapsed 30 s  ETA 70 s"
+    assert lines[-1].startswith("step 1,000/1,000 (100%)  mean_return 100.00")
+
+
+def test_tune_cpu_picks_threads_by_torso():
+    # measured here (docs/speed.md): the MLP is fastest on 1 thread, the IMPALA CNN on one per core
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        harness.tune_cpu(torch.device("cpu"), 0, (4,))  # CartPole's vector observation: 1 thread
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(2)
+        harness.tune_cpu(torch.device("cpu"), 0, (64, 64, 3))  # images: PyTorch's default is kept
+        assert torch.get_num_threads() == 2
+        harness.tune_cpu(torch.device("cpu"), 3, (4,))  # --torch-threads 3 wins
+        assert torch.get_num_threads() == 3
+        harness.tune_cpu(torch.device("cuda"), 1, (4,))  # on the GPU nothing changes
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:

@@ -11,9 +11,10 @@ import torch
 import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import harness
 import ppg_ewma
 from ppg_ewma import (
-    Args, EwmaMoments, apply_batch_divisor, aux_loss, check_args, com_to_decay, compute_gae,
+    Args, EwmaMoments, apply_batch_divisor, aux_loss, com_to_decay, compute_gae,
     decoupled_clip_loss, span_to_decay, train, update_ewma,
 )
 
@@ -164,16 +165,16 @@ def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_auxiliary_phase():
 
 
 def test_check_args_stops_when_the_auxiliary_buffer_does_not_fit(monkeypatch):
-    monkeypatch.setattr(ppg_ewma, "available_memory", lambda cuda: {"memory": 2**30})
+    monkeypatch.setattr(harness, "available_memory", lambda cuda: {"memory": 2**30})
     # 32 * 256 * 256 samples * (12288 obs + 4 target + 15 * 4 logits bytes) = 25,904,021,504 B = 24.1 GiB
     with pytest.raises(SystemExit, match=r"24\.1 GiB.*1\.0 GiB.*--n-pi, --num-envs or --num-steps"):
-        check_args(Args())
-    check_args(Args(n_pi=2, num_envs=16, num_steps=64, aux_minibatch_size=64))  # 2048 * 12352 B = 24 MiB fits
+        harness.check_args(Args(), ppg_ewma.SCRIPT)
+    harness.check_args(Args(n_pi=2, num_envs=16, num_steps=64, aux_minibatch_size=64), ppg_ewma.SCRIPT)  # 2048 * 12352 B = 24 MiB fits
 
 
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
-    assert numeric == set(ppg_ewma.FLAG_RANGES)
+    assert numeric == set(harness.COMMON_FLAG_RANGES) | set(harness.COMMON_FLAG_RANGES) | set(ppg_ewma.FLAG_RANGES)
 
 
 @pytest.mark.parametrize("change, flag", [
@@ -216,9 +217,9 @@ def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, c
 
 def test_check_args_rejects_an_aux_minibatch_size_that_does_not_divide_the_phase():
     with pytest.raises(SystemExit, match="--aux-minibatch-size"):
-        check_args(Args(env_id="CartPole-v1", num_envs=4, num_steps=32, n_pi=2, aux_minibatch_size=48))
+        harness.check_args(Args(env_id="CartPole-v1", num_envs=4, num_steps=32, n_pi=2, aux_minibatch_size=48), ppg_ewma.SCRIPT)
     with pytest.raises(SystemExit, match="--env-id"):
-        check_args(Args(env_id="NoSuchEnv-v0"))
+        harness.check_args(Args(env_id="NoSuchEnv-v0"), ppg_ewma.SCRIPT)
 
 
 # ------------------------------------------------------------------------------------ training
@@ -305,13 +306,13 @@ def test_aux_minibatch_size_in_whole_trajectories_or_equal_pieces():
     # 64 divides the phase (3 minibatches) but is neither a multiple nor a divisor of 24 steps: refused,
     # although the old sample-shuffling aux phase accepted it (and --shuffle-samples still does).
     config = dict(env_id="CartPole-v1", num_envs=4, num_steps=24, n_pi=2)
-    check_args(Args(**config, aux_minibatch_size=48))
-    check_args(Args(**config, aux_minibatch_size=12))
+    harness.check_args(Args(**config, aux_minibatch_size=48), ppg_ewma.SCRIPT)
+    harness.check_args(Args(**config, aux_minibatch_size=12), ppg_ewma.SCRIPT)
     with pytest.raises(SystemExit, match="--aux-minibatch-size 64 must divide the phase of 192 samples"):
-        check_args(Args(**config, aux_minibatch_size=64))
-    check_args(Args(**config, aux_minibatch_size=64, shuffle_samples=True))
+        harness.check_args(Args(**config, aux_minibatch_size=64), ppg_ewma.SCRIPT)
+    harness.check_args(Args(**config, aux_minibatch_size=64, shuffle_samples=True), ppg_ewma.SCRIPT)
     with pytest.raises(SystemExit, match="--aux-minibatch-size 40"):  # 192 / 40 is not whole
-        check_args(Args(**config, aux_minibatch_size=40, shuffle_samples=True))
+        harness.check_args(Args(**config, aux_minibatch_size=40, shuffle_samples=True), ppg_ewma.SCRIPT)
 
 
 class ProcgenLike:
@@ -381,10 +382,10 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     aux_optimizer.step()  # only the auxiliary Adam has state
     models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
     optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
-    checkpoint = ppg_ewma.make_checkpoint(args, models, optimizers, envs, 128, 2, 6, [], torch.zeros(4, 4),
+    checkpoint = harness.make_checkpoint(args, models, optimizers, envs, 128, 2, 6, [], torch.zeros(4, 4),
                                           torch.zeros(4), {}, ewma_weight=1.9)
-    ppg_ewma.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
-    loaded = ppg_ewma.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume")
+    harness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
+    loaded = harness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppg_ewma.SCRIPT)
 
     torch.manual_seed(1)
     fresh = {"policy": ppg_ewma.PolicyNetwork(envs), "value_net": ppg_ewma.ValueNetwork(envs),
@@ -392,7 +393,7 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     params = [*fresh["policy"].parameters(), *fresh["value_net"].parameters()]
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
-    ppg_ewma.restore_run(loaded, fresh, fresh_optimizers, envs, [], torch.ones(4, 4), torch.ones(4))
+    harness.restore_run(loaded, fresh, fresh_optimizers, envs, [], torch.ones(4, 4), torch.ones(4))
     assert torch.equal(fresh["policy"].get_logits(obs), policy.get_logits(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
     assert torch.equal(fresh["ewma_policy"].get_logits(obs), ewma_policy.get_logits(obs))
@@ -407,7 +408,7 @@ def test_checkpoints_are_written_at_the_first_phase_end_after_every_k_iterations
     # N_pi = 2, 6 iterations, --checkpoint-every 3: phases end at 2, 4, 6; the phase 3-4 reaches 3, 5-6 reaches 6
     monkeypatch.chdir(tmp_path)
     saved = []
-    monkeypatch.setattr(ppg_ewma, "save_checkpoint", lambda path, checkpoint: saved.append(checkpoint["iteration"]))
+    monkeypatch.setattr(harness, "save_checkpoint", lambda path, checkpoint: saved.append(checkpoint["iteration"]))
     ppg_ewma.train(tiny_args(env_id="CartPole-v1", total_timesteps=6 * 128, checkpoint_every=3))
     assert saved == [4, 6]
 
@@ -424,17 +425,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     config = dict(env_id="CartPole-v1", total_timesteps=6 * 128)
     full = ppg_ewma.train(tiny_args(exp_name="full", **config))
 
-    real_save = ppg_ewma.save_checkpoint
+    real_save = harness.save_checkpoint
 
     def save_then_die_at_iteration_4(path, checkpoint):
         if checkpoint["iteration"] == 4:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(ppg_ewma, "save_checkpoint", save_then_die_at_iteration_4)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_4)
     with pytest.raises(Killed):
         ppg_ewma.train(tiny_args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(ppg_ewma, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
@@ -462,7 +463,7 @@ def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys
 
 def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    result = ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="quiet", total_timesteps=512))
+    ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="quiet", total_timesteps=512))
     out = capsys.readouterr().out
     assert "\r" not in out
     lines = out.splitlines()

@@ -14,6 +14,7 @@ import torch
 from gymnasium.wrappers.utils import RunningMeanStd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import harness
 import ppo_er
 from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, make_env, ppo_er_loss,
                     train)
@@ -176,7 +177,7 @@ def test_final_obs_for_the_bootstrap_is_normalized_like_other_obs():
 
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
-    assert numeric == set(ppo_er.FLAG_RANGES)
+    assert numeric == set(harness.COMMON_FLAG_RANGES) | set(ppo_er.FLAG_RANGES)
 
 
 @pytest.mark.parametrize("changes, flag", [
@@ -290,13 +291,13 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     (agent.get_policy(obs)[0].sum() + agent.get_value(obs).sum()).backward()
     optimizer.step()
     replay = [{"advantages": torch.arange(6.0).reshape(3, 2)}]
-    checkpoint = ppo_er.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 128, 1, 4, [-900.0],
+    checkpoint = harness.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 128, 1, 4, [-900.0],
                                         torch.zeros(2, 3), torch.zeros(2), replay=replay)
     path = str(tmp_path / "checkpoint.pt")
-    ppo_er.save_checkpoint(path, checkpoint)
+    harness.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
 
-    loaded = ppo_er.load_checkpoint(path, "--resume")
+    loaded = harness.load_checkpoint(path, "--resume", ppo_er.SCRIPT)
     torch.manual_seed(1)
     fresh = ppo_er.Agent(envs)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=3e-4)
@@ -310,9 +311,9 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     assert all(torch.equal(restored_state[i]["exp_avg_sq"], saved_state[i]["exp_avg_sq"]) for i in saved_state)
     assert torch.equal(loaded["replay"][0]["advantages"], replay[0]["advantages"])
     fresh_envs = make_env(args)
-    ppo_er.load_normalizers(fresh_envs, loaded["normalizers"])
-    for name, (_, rms) in ppo_er.env_normalizers(envs).items():
-        restored = ppo_er.env_normalizers(fresh_envs)[name][1]
+    harness.load_normalizers(fresh_envs, loaded["normalizers"])
+    for name, (_, rms) in harness.env_normalizers(envs).items():
+        restored = harness.env_normalizers(fresh_envs)[name][1]
         assert np.array_equal(restored.mean, rms.mean) and np.array_equal(restored.var, rms.var), name
     assert set(loaded["normalizers"]) == {"reward", "obs_0", "obs_1"}
     envs.close()
@@ -321,7 +322,7 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
 
 def test_no_reward_normalization_switch(tmp_path, monkeypatch):
     envs = make_env(Args(env_id="Pendulum-v1", norm_reward=False))
-    assert set(ppo_er.env_normalizers(envs)) == {"obs_0"}
+    assert set(harness.env_normalizers(envs)) == {"obs_0"}
     envs.close()
 
 
@@ -337,17 +338,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     config = dict(TINY_PENDULUM, total_timesteps=4 * 128)
     full = train(Args(exp_name="full", **config))
 
-    real_save = ppo_er.save_checkpoint
+    real_save = harness.save_checkpoint
 
     def save_then_die_at_iteration_3(path, checkpoint):
         if checkpoint["iteration"] == 3:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(ppo_er, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         train(Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(ppo_er, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
     assert len(torch.load(f"{run_dir}/checkpoint.pt")["replay"]) == 2
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import harness
 import ppo_ewma
 from ppo_ewma import (
     Args, EwmaMoments, apply_batch_divisor, com_to_decay, compute_gae, decay_to_com, decoupled_clip_loss,
@@ -185,13 +186,13 @@ def test_every_divisor_of_the_paper_sweep_is_accepted():
         args = apply_batch_divisor(Args(batch_divisor=c))
         assert args.num_envs == 256 // c
         # check_args takes the command line's flags; c = 256: one env, 8 minibatches of 32 timesteps
-        ppo_ewma.check_args(Args(batch_divisor=c))
+        harness.check_args(Args(batch_divisor=c), ppo_ewma.SCRIPT)
         assert ppo_ewma.batch_sizes(args)[1] == 256 * 256 // c // 8
 
 
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
-    assert numeric == set(ppo_ewma.FLAG_RANGES)
+    assert numeric == set(harness.COMMON_FLAG_RANGES) | set(ppo_ewma.FLAG_RANGES)
 
 
 @pytest.mark.parametrize("change, flag", [
@@ -402,18 +403,18 @@ def test_minibatch_indices_cover_every_sample_once(num_steps, num_envs, num_mini
 def test_minibatch_count_must_split_whole_trajectories(num_envs, num_steps, num_minibatches, accepted):
     args = Args(env_id="CartPole-v1", num_envs=num_envs, num_steps=num_steps, num_minibatches=num_minibatches)
     if accepted:
-        ppo_ewma.check_args(args)
+        harness.check_args(args, ppo_ewma.SCRIPT)
     else:
         with pytest.raises(SystemExit, match="--num-minibatches"):
-            ppo_ewma.check_args(args)
+            harness.check_args(args, ppo_ewma.SCRIPT)
     # sample shuffling only needs M to divide N x T: 8*128/3 no, 4*5/8 no, 3*10/2 = 15 yes
     shuffled = Args(env_id="CartPole-v1", num_envs=num_envs, num_steps=num_steps, num_minibatches=num_minibatches,
                     shuffle_samples=True)
     if (num_envs * num_steps) % num_minibatches == 0:
-        ppo_ewma.check_args(shuffled)
+        harness.check_args(shuffled, ppo_ewma.SCRIPT)
     else:
         with pytest.raises(SystemExit, match="--num-minibatches"):
-            ppo_ewma.check_args(shuffled)
+            harness.check_args(shuffled, ppo_ewma.SCRIPT)
 
 
 class ProcgenLike:
@@ -492,20 +493,20 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     reward_normalizer, adv_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     reward_normalizer(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
     adv_moments.update(torch.tensor([1.0, 3.0]))
-    checkpoint = ppo_ewma.make_checkpoint(
+    checkpoint = harness.make_checkpoint(
         args, {"agent": agent, "ewma_agent": ewma_agent}, {"optimizer": optimizer}, envs, 64, 1, 4, [],
         torch.zeros(2, 4), torch.zeros(2), {"reward": reward_normalizer, "advantages": adv_moments}, ewma_weight=2.5)
     path = str(tmp_path / "checkpoint.pt")
-    ppo_ewma.save_checkpoint(path, checkpoint)
+    harness.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]
 
-    loaded = ppo_ewma.load_checkpoint(path, "--resume")
+    loaded = harness.load_checkpoint(path, "--resume", ppo_ewma.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_ewma = ppo_ewma.Agent(envs), ppo_ewma.Agent(envs)
     assert not torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
     fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
-    ppo_ewma.restore_run(loaded, {"agent": fresh, "ewma_agent": fresh_ewma}, {"optimizer": fresh_optimizer}, envs,
+    harness.restore_run(loaded, {"agent": fresh, "ewma_agent": fresh_ewma}, {"optimizer": fresh_optimizer}, envs,
                          [], torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer, "advantages": fresh_moments})
     assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
@@ -535,17 +536,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch,
     config = dict(TINY_CARTPOLE, total_timesteps=4 * 64, **config)
     full = ppo_ewma.train(Args(exp_name="full", **config))
 
-    real_save = ppo_ewma.save_checkpoint
+    real_save = harness.save_checkpoint
 
     def save_then_die_at_iteration_3(path, checkpoint):
         if checkpoint["iteration"] == 3:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(ppo_ewma, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         ppo_ewma.train(Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(ppo_ewma, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
@@ -580,24 +581,6 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)", f"  run dir    {result['run_dir']}",
                           "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
     assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # many episodes ended: no line for each
-
-
-def test_tune_cpu_picks_threads_by_torso():
-    # measured here (README, Speed): the MLP is fastest on 1 thread, the IMPALA CNN on one per core
-    before = torch.get_num_threads()
-    try:
-        torch.set_num_threads(2)
-        ppo_ewma.tune_cpu(torch.device("cpu"), 0, (4,))  # CartPole's vector observation: 1 thread
-        assert torch.get_num_threads() == 1
-        torch.set_num_threads(2)
-        ppo_ewma.tune_cpu(torch.device("cpu"), 0, (64, 64, 3))  # images: PyTorch's default is kept
-        assert torch.get_num_threads() == 2
-        ppo_ewma.tune_cpu(torch.device("cpu"), 3, (4,))  # --torch-threads 3 wins
-        assert torch.get_num_threads() == 3
-        ppo_ewma.tune_cpu(torch.device("cuda"), 1, (4,))  # on the GPU nothing changes
-        assert torch.get_num_threads() == 3
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_reward_normalizer_shares_one_estimate_over_workers():

@@ -5,13 +5,13 @@ import math
 import time
 from typing import Optional
 
-import numpy as np
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import harness
 import ppo_staleness
-from ppo_staleness import Args, StaleQueue, check_args, decoupled_clip_loss, queue_bytes, select_logps, train
+from ppo_staleness import Args, StaleQueue, decoupled_clip_loss, queue_bytes, select_logps, train
 
 log = math.log
 
@@ -108,16 +108,16 @@ def test_queue_memory_at_paper_scale():
 def test_check_args_rejects_a_queue_larger_than_the_available_memory(monkeypatch):
     # k = 32 at the paper's scale: 33 x 813,958,144 B = 26,860,618,752 B = 25.0 GiB > 16 GiB available;
     # k = 16: 17 x 813,958,144 B = 12.9 GiB fits. Available memory, not the machine's total RAM, is what counts.
-    monkeypatch.setattr(ppo_staleness, "available_memory", lambda cuda: {"memory": 16 * 2**30})
+    monkeypatch.setattr(harness, "available_memory", lambda cuda: {"memory": 16 * 2**30})
     with pytest.raises(SystemExit, match=r"The 33 rollouts that --staleness 32 keeps \(host memory\) need 25\.0 GiB "
                                          r"but only 16\.0 GiB of memory is available; lower --staleness"):
-        check_args(Args(staleness=32))
-    check_args(Args(staleness=16))
+        harness.check_args(Args(staleness=32), ppo_staleness.SCRIPT)
+    harness.check_args(Args(staleness=16), ppo_staleness.SCRIPT)
 
 
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
-    assert numeric == set(ppo_staleness.FLAG_RANGES)
+    assert numeric == set(harness.COMMON_FLAG_RANGES) | set(ppo_staleness.FLAG_RANGES)
 
 
 @pytest.mark.parametrize("change, flag", [
@@ -242,17 +242,17 @@ class Killed(Exception):
 def killed_then_resumed(monkeypatch, args, die_at):
     """Run `args` with a checkpoint every iteration, die while writing the one of iteration `die_at`
     (after logging it), resume from the one before: (the resumed run's result, its run directory)."""
-    real_save = ppo_staleness.save_checkpoint
+    real_save = harness.save_checkpoint
 
     def save_then_die(path, checkpoint):
         if checkpoint["iteration"] == die_at:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(ppo_staleness, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
         train(dataclasses.replace(args, checkpoint_every=1))
-    monkeypatch.setattr(ppo_staleness, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob(f"runs/*__{args.exp_name}_*")
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
     return train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False)), run_dir
@@ -288,14 +288,14 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
     reward_normalizer = ppo_staleness.RewardNormalizer(2, 0.99)
     reward_normalizer(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2))
-    checkpoint = ppo_staleness.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 64, 3, 6, [],
+    checkpoint = harness.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 64, 3, 6, [],
                                                torch.zeros(2, 4), torch.zeros(2), {"reward": reward_normalizer},
                                                queued=2, trained_steps=64)
-    ppo_staleness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
-    loaded = ppo_staleness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume")
+    harness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
+    loaded = harness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppo_staleness.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_normalizer = ppo_staleness.Agent(envs), ppo_staleness.RewardNormalizer(2, 0.99)
-    ppo_staleness.restore_run(loaded, {"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())}, envs, [],
+    harness.restore_run(loaded, {"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())}, envs, [],
                               torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer})
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
     assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))

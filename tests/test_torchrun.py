@@ -1,7 +1,7 @@
 """torchrun workers of ppo_ewma.py, ppg_ewma.py and ppo_staleness.py: two CPU processes joined with Gloo.
 
 The two processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT on a free local port), so the scripts' own start_workers() joins them, as under
+MASTER_PORT on a free local port), so harness.start_workers() joins them, as under
 `torchrun --standalone --nproc_per_node 2`. They are forked, so they inherit the imported modules: about
 4 s a test on 2 busy cores, against 10 s for freshly spawned interpreters.
 """
@@ -20,9 +20,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import harness
 import ppg_ewma
 import ppo_ewma
-import ppo_staleness
 
 SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness")
 # CartPole, 8 envs in total (2 workers x 4), one trained iteration of 8 x 32 steps; 4 minibatches per worker
@@ -66,8 +66,8 @@ def train_and_save_networks(rank, name, out_dir):
     module = importlib.import_module(name)
     os.chdir(out_dir)
     seen = {"local_episodes": 0, "gathered_episodes": 0}
-    broadcast, update_ewma = module.broadcast_weights, getattr(module, "update_ewma", None)
-    gather_episodes, global_batch = module.gather_episodes, module.global_batch
+    broadcast, update_ewma = harness.broadcast_weights, getattr(module, "update_ewma", None)
+    gather_episodes, global_batch = harness.gather_episodes, harness.global_batch
 
     def remember_networks(*modules):
         seen["networks"] = modules
@@ -87,8 +87,8 @@ def train_and_save_networks(rank, name, out_dir):
         seen["advantages"], seen["global_advantages"] = advantages.clone(), global_batch(advantages)
         return seen["global_advantages"]
 
-    module.broadcast_weights, module.gather_episodes = remember_networks, count_episodes
-    module.global_batch = remember_advantages
+    harness.broadcast_weights, harness.gather_episodes = remember_networks, count_episodes
+    harness.global_batch = remember_advantages
     if update_ewma is not None:
         module.update_ewma = remember_ewma
     result = module.train(module.Args(exp_name=name, **CONFIGS[name]))
@@ -156,19 +156,18 @@ def compare_half_batch_updates(rank):
     agent = ppo_ewma.Agent(CartPoleSpaces())
     one_process = copy.deepcopy(agent)  # one process, the whole batch
     ppo_ewma_loss(one_process, torch.arange(8)).backward()
-    for module in (ppo_ewma, ppg_ewma, ppo_staleness):  # each script's own copy of the helper
-        worker = copy.deepcopy(agent)  # this worker's half of the batch
-        ppo_ewma_loss(worker, torch.arange(4 * rank, 4 * rank + 4)).backward()
-        module.average_gradients(worker)
-        # the mean over 8 samples is the average of the two means over 4
-        for p, q in zip(one_process.parameters(), worker.parameters()):
-            torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
-        # so one SGD step (the update is proportional to the gradient) lands on the same weights
-        single_step, worker_step = copy.deepcopy(one_process), copy.deepcopy(worker)
-        for net in (single_step, worker_step):
-            torch.optim.SGD(net.parameters(), lr=0.1).step()
-        for p, q in zip(single_step.parameters(), worker_step.parameters()):
-            torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7)
+    worker = copy.deepcopy(agent)  # this worker's half of the batch
+    ppo_ewma_loss(worker, torch.arange(4 * rank, 4 * rank + 4)).backward()
+    harness.average_gradients(worker)
+    # the mean over 8 samples is the average of the two means over 4
+    for p, q in zip(one_process.parameters(), worker.parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-5, atol=1e-7)
+    # so one SGD step (the update is proportional to the gradient) lands on the same weights
+    single_step, worker_step = copy.deepcopy(one_process), copy.deepcopy(worker)
+    for net in (single_step, worker_step):
+        torch.optim.SGD(net.parameters(), lr=0.1).step()
+    for p, q in zip(single_step.parameters(), worker_step.parameters()):
+        torch.testing.assert_close(q, p, rtol=1e-5, atol=1e-7)
     dist.destroy_process_group()
 
 
@@ -181,12 +180,12 @@ def compare_global_moments(rank):
     # worker 0 and worker 1 hold different halves of each iteration's advantages
     first = {0: torch.tensor([1.0, 2.0, 3.0, 4.0]), 1: torch.tensor([-2.0, 0.0, 6.0, 8.0])}[rank]
     second = {0: torch.tensor([0.0, 0.0, 1.0, 1.0]), 1: torch.tensor([2.0, 2.0, 3.0, 3.0])}[rank]
-    assert ppo_ewma.global_batch(first).tolist() == [1.0, 2.0, 3.0, 4.0, -2.0, 0.0, 6.0, 8.0]  # rank order
+    assert harness.global_batch(first).tolist() == [1.0, 2.0, 3.0, 4.0, -2.0, 0.0, 6.0, 8.0]  # rank order
     moments = ppo_ewma.EwmaMoments(ppo_ewma.span_to_decay(3.0))  # decay 1 - 2/4 = 0.5
-    moments.update(ppg_ewma.global_batch(first))
+    moments.update(harness.global_batch(first))
     # concatenation [1, 2, 3, 4, -2, 0, 6, 8]: mean 22/8 = 2.75; E[x^2] = 134/8 = 16.75, var = 16.75 - 2.75^2 = 9.1875
     assert moments.mean == pytest.approx(2.75) and moments.std == pytest.approx(math.sqrt(9.1875))
-    moments.update(ppo_ewma.global_batch(second))
+    moments.update(harness.global_batch(second))
     # [0, 0, 1, 1, 2, 2, 3, 3]: mean 1.5, E[x^2] 3.5. w = 0.5*8 + 8 = 12, s = 0.5*8*2.75 + 8*1.5 = 23,
     # q = 0.5*8*16.75 + 8*3.5 = 95: mean 23/12, var 95/12 - (23/12)^2 = 4.2431
     assert moments.mean == pytest.approx(23 / 12) and moments.std == pytest.approx(math.sqrt(95 / 12 - (23 / 12) ** 2))
@@ -195,7 +194,7 @@ def compare_global_moments(rank):
         reference.update(torch.tensor(batch))
     assert (moments.mean, moments.std) == pytest.approx((reference.mean, reference.std))
     # ppo_staleness normalizes with the batch's own mean and std: those of all 8 advantages
-    all_advantages = ppo_staleness.global_batch(first)
+    all_advantages = harness.global_batch(first)
     assert all_advantages.mean().item() == pytest.approx(2.75)
     assert all_advantages.std(unbiased=False).item() == pytest.approx(math.sqrt(9.1875))
     dist.destroy_process_group()
@@ -265,8 +264,7 @@ def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     module = importlib.import_module(name)
     args = module.Args(**CONFIGS[name])
     monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1, or no torchrun: nothing changes
-    assert module.start_workers(args) == (0, 1) and not dist.is_initialized()
-    assert module.worker_share(args, 0, 1) is args
+    assert harness.start_workers(args, module.SCRIPT) == (0, 1) and not dist.is_initialized()
     # worker r gets 4 envs and seed 1 + 4 r; Gymnasium seeds env i with seed + i: envs 1-4 and 5-8, as one process
     shares = [module.worker_share(args, rank, 2) for rank in (0, 1)]
     assert [(share.num_envs, share.seed) for share in shares] == [(4, 1), (4, 5)]

@@ -13,6 +13,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import harness
 import vmpo
 
 
@@ -175,7 +176,7 @@ def test_popart_scale_is_bounded_below():
 # -------------------------------------------------------------------------------- bad input
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(vmpo.Args) if f.type in (int, float, Optional[int], Optional[float])}
-    assert numeric == set(vmpo.FLAG_RANGES)
+    assert numeric == set(harness.COMMON_FLAG_RANGES) | set(vmpo.FLAG_RANGES)
 
 
 @pytest.mark.parametrize("change, flag", [
@@ -326,13 +327,13 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     agent.get_pi(torch.ones(3, 4)).sum().add(eta).backward()
     optimizer.step()  # Adam now has moments and a step count
     next_obs, next_done = torch.zeros(2, 4), torch.zeros(2)
-    checkpoint = vmpo.make_checkpoint(args, {"agent": agent, "multipliers": multipliers}, {"optimizer": optimizer},
+    checkpoint = harness.make_checkpoint(args, {"agent": agent, "multipliers": multipliers}, {"optimizer": optimizer},
                                       envs, 64, 1, 4, [10.0, 12.0], next_obs, next_done)
     path = str(tmp_path / "checkpoint.pt")
-    vmpo.save_checkpoint(path, checkpoint)
+    harness.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
 
-    loaded = vmpo.load_checkpoint(path, "--resume")
+    loaded = harness.load_checkpoint(path, "--resume", vmpo.SCRIPT)
     torch.manual_seed(1)  # different initial weights
     fresh = vmpo.Agent(envs)
     fresh_multipliers = torch.nn.ParameterDict({"eta": torch.nn.Parameter(torch.tensor(1.0)),
@@ -361,23 +362,23 @@ def test_observation_and_reward_statistics_round_trip_and_freeze():
     envs.reset(seed=0)
     for _ in range(50):
         envs.step(np.full((2, 1), 0.5, np.float32))
-    saved = vmpo.make_checkpoint(args, {}, {}, envs, 100, 1, 4, [], None, None)["normalizers"]
+    saved = harness.make_checkpoint(args, {}, {}, envs, 100, 1, 4, [], None, None)["normalizers"]
     assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
     fresh = vmpo.make_env(args)
-    vmpo.load_normalizers(fresh, saved, freeze=True)
-    for name, (wrapper, rms) in vmpo.env_normalizers(fresh).items():
+    harness.load_normalizers(fresh, saved, freeze=True)
+    for name, (wrapper, rms) in harness.env_normalizers(fresh).items():
         assert np.array_equal(rms.mean, saved[name]["mean"].numpy()) and rms.count == saved[name]["count"]
         assert not wrapper.update_running_mean  # frozen for evaluation
     fresh.reset(seed=1)
     fresh.step(np.zeros((2, 1), np.float32))
-    assert vmpo.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
+    assert harness.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
     envs.close()
     fresh.close()
 
 
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path):
     path = str(tmp_path / "checkpoint.pt")
-    vmpo.save_checkpoint(path, {"iteration": 1})
+    harness.save_checkpoint(path, {"iteration": 1})
 
     def torn_save(obj, file):
         file.write(b"half a checkpoint")
@@ -385,7 +386,7 @@ def test_a_crash_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_pa
 
     monkeypatch.setattr(vmpo.torch, "save", torn_save)
     with pytest.raises(OSError):
-        vmpo.save_checkpoint(path, {"iteration": 2})
+        harness.save_checkpoint(path, {"iteration": 2})
     monkeypatch.undo()
     assert torch.load(path)["iteration"] == 1
 
@@ -405,17 +406,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
     config["total_timesteps"] = 4 * 2 * config["num_steps"]
     full = vmpo.train(vmpo.Args(exp_name="full", **config))
 
-    real_save = vmpo.save_checkpoint
+    real_save = harness.save_checkpoint
 
     def save_then_die_at_iteration_3(path, checkpoint):
         if checkpoint["iteration"] == 3:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(vmpo, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         vmpo.train(vmpo.Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(vmpo, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
     assert torch.load(f"{run_dir}/checkpoint.pt")["iteration"] == 2
 
@@ -440,18 +441,18 @@ def test_resume_takes_only_cuda_from_the_command_line(monkeypatch, tmp_path):
 def test_resume_procgen_restarts_its_envs_fresh(monkeypatch, tmp_path):
     pytest.importorskip("procgen")
     monkeypatch.chdir(tmp_path)
-    real_save = vmpo.save_checkpoint
+    real_save = harness.save_checkpoint
 
     def save_then_die_at_iteration_2(path, checkpoint):
         if checkpoint["iteration"] == 2:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(vmpo, "save_checkpoint", save_then_die_at_iteration_2)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_2)
     with pytest.raises(Killed):
         vmpo.train(vmpo.Args(env_id="starpilot", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=32,
                              checkpoint_every=1, cuda=False))
-    monkeypatch.setattr(vmpo, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/starpilot__*")
     checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
     assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] is None  # Procgen cannot be pickled
@@ -474,22 +475,6 @@ def test_evaluation_of_a_saved_cartpole_checkpoint(monkeypatch, tmp_path, capsys
     assert scalars["eval/mean_return"] == [(128, pytest.approx(result["mean_return"]))]
     assert scalars["eval/std_return"] == [(128, pytest.approx(result["std_return"]))]
     assert f"mean return {result['mean_return']:.2f}" in capsys.readouterr().out
-
-
-# ---------------------------------------------------------------------------------- progress
-def test_progress_prints_a_plain_line_every_30_seconds_when_not_a_terminal(monkeypatch, capsys):
-    clock = [1000.0]
-    monkeypatch.setattr(vmpo.time, "monotonic", lambda: clock[0])
-    progress = vmpo.Progress(total_steps=1000, start_step=0)
-    for step in range(1, 101):  # one update per second for 100 s, an episode finishing at every one
-        clock[0] += 1.0
-        progress.update(10 * step, [float(step)])
-    progress.close(1000, [100.0])
-    lines = capsys.readouterr().out.splitlines()
-    # at 30, 60 and 90 s, then the final line: step 300 of 1000 after 30 s at 10 steps/s, ETA (700 / 300) * 30 = 70 s
-    assert len(lines) == 4
-    assert lines[0] == "step 300/1,000 (30%)  mean_return 30.00  SPS 10  elapsed 30 s  ETA 70 s"
-    assert lines[-1].startswith("step 1,000/1,000 (100%)  mean_return 100.00")
 
 
 def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(monkeypatch, tmp_path, capsys):

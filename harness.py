@@ -1,0 +1,706 @@
+"""Run plumbing for the scripts of this repository: what every run needs and no paper describes.
+
+Flag and memory checks, device, seeds, run directory, start-up block, progress, TensorBoard, checkpoints,
+--resume, --eval-checkpoint with video, and the torchrun helpers. A script describes itself in a `Script`
+(its Args, flag ranges, own checks, make_env, acting policy, title) and calls, from train():
+
+    run = harness.start(args, SCRIPT)              # --resume, workers, checks, seeds, device, envs, run dir, writer
+    global_step, first_iteration, next_obs, next_done = run.restore(...)   # what a checkpoint holds
+    run.after_step(global_step, info)              # every env step: finished episodes, progress
+    run.end_iteration(iteration, global_step, ...) # every iteration: episodes to TensorBoard, SPS, checkpoint
+    return run.finish(global_step, ...)            # final model, closing lines
+
+This module never imports a script and holds no algorithm.
+"""
+import ctypes
+import dataclasses
+import os
+import pickle
+import platform
+import random
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
+COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
+    "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
+    "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)", "num_minibatches": "[1, inf)",
+    "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)", "gamma": "[0, 1]",
+    "gae_lambda": "[0, 1]",
+}
+
+
+def default_run_name(args) -> str:
+    return f"{args.env_id}__{args.exp_name}__{args.seed}"
+
+
+@dataclass
+class Script:
+    """What the harness needs to know of a script: everything that is the script's own."""
+
+    file: str  # the script's __file__, for messages
+    title: str  # one line naming the algorithm and its paper: the first line of the start-up block
+    args_type: type  # the script's Args dataclass
+    flag_ranges: dict  # {flag: interval such as "(0, 1]"} for the script's own numeric flags
+    check_args: Callable  # (args, observation_space, action_space): its own checks of the command line's Args
+    make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
+    acting_policy: Callable  # (args, envs, {name: state dict}, device) -> act(obs) -> env actions, for evaluation
+    describe: Callable  # (args, world_size, checkpoint) -> the start-up block's "steps" line
+    run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
+    worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
+    run_name: Callable = default_run_name  # args -> the run directory's name, without its time
+    procgen_games: tuple = ()  # env ids that are Procgen games (64x64x3 uint8 images, 15 actions)
+    actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
+    images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.file)
+
+
+# ------------------------------------------------------------------------------------- start of a run
+def start(args, script: Script) -> "Run":
+    """Everything before the algorithm's first line: --resume, torchrun workers, flag checks (before any work and
+    before a run directory exists), seeds, device, envs, run directory, start-up block and TensorBoard writer."""
+    args, checkpoint = resume_from(args, script)  # --resume: the checkpoint's flags
+    rank, world_size = start_workers(args, script)
+    check_args(args, script)
+    run_args = script.run_args(args)
+    if world_size > 1:  # this worker's num_envs / W envs and its own seed
+        run_args = script.worker_share(run_args, rank, world_size)
+    random.seed(run_args.seed)
+    np.random.seed(run_args.seed)
+    torch.manual_seed(run_args.seed)
+    torch.backends.cudnn.deterministic = run_args.torch_deterministic
+    device, device_note = choose_device(args.cuda)
+    envs = script.make_env(run_args)
+    tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
+    run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
+    lines = {"steps": script.describe(run_args, world_size, checkpoint)}
+    if checkpoint is not None:
+        lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
+                             f"from {args.resume}")
+    if world_size > 1:
+        lines["workers"] = (f"{world_size} torchrun workers ({dist.get_backend()}), each with {run_args.num_envs} envs "
+                            f"and seed {run_args.seed} + {run_args.num_envs} x rank; the flags printed and logged are "
+                            f"rank 0's share")
+    print_startup(script.title, run_args.env_id, device_note, run_dir, lines)
+    writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
+    return Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)
+
+
+class Run:
+    """A run in progress: its Args, device, envs, run directory and writer, and the hooks train() calls.
+
+    args: the Args this process trains with (the script's run_args of the command line's, and a torchrun
+    worker's share); command_args: the command line's (or the resumed checkpoint's), which checkpoints keep."""
+
+    def __init__(self, script, command_args, args, checkpoint, rank, world_size, device, envs, run_dir, writer):
+        self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
+        self.rank, self.world_size, self.device, self.envs = rank, world_size, device, envs
+        self.run_dir, self.writer = run_dir, writer
+        self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
+        self.episodes = []  # (step, return, length) of the episodes that ended in this iteration
+        self.sps = 0
+
+    def restore(self, num_iterations, batch_size, models, optimizers, normalizers, next_obs, next_done) -> tuple:
+        """Remember what a checkpoint holds (models, optimizers: {name: module}; normalizers: {name: object with
+        running statistics}; None entries are left out) and, with --resume, load it into them. Returns
+        (global_step, first iteration to run, next_obs, next_done)."""
+        self.num_iterations, self.models, self.optimizers = num_iterations, models, optimizers
+        self.normalizers = {name: normalizer for name, normalizer in normalizers.items() if normalizer is not None}
+        global_step, first_iteration = 0, 1
+        if self.checkpoint is not None:
+            global_step, first_iteration, next_obs, next_done = restore_run(
+                self.checkpoint, models, optimizers, self.envs, self.episode_returns, next_obs, next_done,
+                self.normalizers)
+        self.last_checkpoint = first_iteration - 1
+        self.start_step, self.start_time = global_step, time.time()
+        self.progress = Progress(num_iterations * batch_size, global_step)
+        return global_step, first_iteration, next_obs, next_done
+
+    def after_step(self, global_step: int, info: dict) -> None:
+        """After each vector env step: note the episodes that ended (RecordEpisodeStatistics' raw score) and move
+        the progress bar."""
+        if "episode" in info:
+            for i in np.flatnonzero(info["_episode"]):
+                self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
+        self.progress.update(global_step, self.episode_returns)
+
+    def end_rollout(self) -> None:
+        """Log the rollout's finished episodes (torchrun: every worker's, in step order)."""
+        for step, episode_return, length in gather_episodes(self.episodes):
+            self.episode_returns.append(episode_return)
+            self.writer.add_scalar("charts/episodic_return", episode_return, step)
+            self.writer.add_scalar("charts/episodic_length", length, step)
+        self.episodes = []
+
+    def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
+        """After each iteration: log SPS, and write checkpoint.pt when --checkpoint-every iterations have passed
+        (at the first iteration where `can_checkpoint`, if it is not every one). extra: more checkpoint keys."""
+        self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        self.writer.add_scalar("charts/SPS", self.sps, global_step)
+        every = self.command_args.checkpoint_every
+        if every and can_checkpoint and iteration // every > self.last_checkpoint // every:
+            self.save("checkpoint.pt", iteration, global_step, next_obs, next_done, **extra)
+        if can_checkpoint:
+            self.last_checkpoint = iteration
+
+    def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
+        self.writer.flush()  # the logs up to the checkpoint are on disk before it is
+        save_checkpoint(os.path.join(self.run_dir, file_name), make_checkpoint(
+            self.command_args, self.models, self.optimizers, self.envs, global_step, iteration, self.num_iterations,
+            self.episode_returns, next_obs, next_done, self.normalizers, **extra))
+
+    def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
+        """After the last iteration: --save-model, closing lines; returns train()'s result."""
+        if self.command_args.save_model and self.rank == 0:
+            self.save("model.pt", iteration, global_step, next_obs, next_done, **extra)
+        self.progress.close(global_step, self.episode_returns)
+        self.envs.close()
+        self.writer.close()
+        stop_workers()
+        mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
+        return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
+
+
+# ------------------------------------------------------------------------------------------ checks
+def check_args(args, script: Script) -> None:
+    """Stop with one sentence naming the flag before any work is done and before a run directory exists."""
+    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
+    script.check_args(args, *check_spaces(args.env_id, script))
+    check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
+
+
+def check_ranges(args, ranges: dict) -> None:
+    """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes."""
+    for name, interval in ranges.items():
+        value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
+        if value is not None and not ((low <= value if interval[0] == "[" else low < value)
+                                      and (value <= high if interval[-1] == "]" else value < high)):
+            raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
+
+
+ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
+                    "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
+                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions")}
+
+
+def check_spaces(env_id: str, script: Script) -> tuple:
+    """(observation space, action space) of --env-id, once the script is known to accept both."""
+    observation_space, action_space = env_spaces(env_id, script.procgen_games)
+    types, needed = ACCEPTED_ACTIONS[script.actions]
+    if not isinstance(action_space, types):
+        raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs {needed}.")
+    if not isinstance(observation_space, gym.spaces.Box) or not (
+            len(observation_space.shape) == 1 or script.images and observation_space.shape == (64, 64, 3)):
+        needed = "vectors or 64x64x3 images" if script.images else "vectors"
+        raise SystemExit(f"--env-id {env_id} has {observation_space} observations; {script.name} needs {needed}.")
+    return observation_space, action_space
+
+
+def env_spaces(env_id: str, procgen_games=()) -> tuple:
+    """(observation space, action space) of one env, without building the vector env."""
+    if env_id in procgen_games:
+        import importlib.util
+
+        if importlib.util.find_spec("procgen") is None:
+            raise SystemExit(f"--env-id {env_id} needs the procgen package: pip install -r requirements.txt.")
+        return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
+    if env_id not in gym.registry:
+        raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
+    try:
+        env = gym.make(env_id)
+    except gym.error.Error as error:
+        raise SystemExit(f"--env-id {env_id} cannot be made: {error}") from None
+    env.close()
+    return env.observation_space, env.action_space
+
+
+def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples) -> None:
+    """Stop unless the minibatches split the batch evenly: by whole env trajectories, or by samples."""
+    t, n, m = num_steps, num_envs, num_minibatches
+    if shuffle_samples:
+        if not 1 <= m <= n * t or (n * t) % m != 0:
+            raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x "
+                             f"--num-steps {t}).")
+    elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
+        raise SystemExit(
+            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
+            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
+        )
+
+
+def available_memory(cuda: bool) -> dict:
+    """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
+    available = {}
+    if cuda and torch.cuda.is_available():
+        available["GPU memory"] = torch.cuda.mem_get_info()[0]
+    if os.path.exists("/proc/meminfo"):
+        with open("/proc/meminfo") as meminfo:
+            lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
+        available.update({"memory": int(lines[0][1]) * 1024} if lines else {})
+    return available
+
+
+def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
+    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
+    for kind, free in available_memory(cuda).items():
+        if num_bytes > free:
+            raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
+                             f"is available; lower {flags}.")
+
+
+def check_writable(directory: str) -> None:
+    """The run directory can be made under `directory` (made later, after every check)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise SystemExit(f"{os.path.abspath(directory)} is a file, so no run directory can be made in it; "
+                         f"move it or run from another directory.")
+    if not os.access(directory if os.path.isdir(directory) else ".", os.W_OK):
+        raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
+
+
+def hyperparameter_changes(before, after) -> str:
+    """One line per Args field that differs: `  name: before -> after`."""
+    names = [field.name for field in dataclasses.fields(before)]
+    return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in names
+                     if getattr(before, k) != getattr(after, k))
+
+
+# ---------------------------------------------------------------------------- device, CPU, run directory
+def choose_device(cuda: bool) -> tuple:
+    """(device, a note saying which one and why)."""
+    if cuda and torch.cuda.is_available():
+        return torch.device("cuda"), f"cuda ({torch.cuda.get_device_name()})"
+    if cuda:
+        return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
+    return torch.device("cpu"), "cpu (--no-cuda)"
+
+
+def keep_freed_memory() -> None:
+    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
+    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
+    if platform.libc_ver()[0] != "glibc":
+        return
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
+
+
+def tune_cpu(device, torch_threads: int, obs_shape) -> None:
+    """On the CPU: keep freed memory, and use --torch-threads threads, or by default 1 for the MLP of vector
+    observations and PyTorch's one per core for the IMPALA CNN (each the faster here: docs/speed.md)."""
+    if device.type != "cpu":
+        return
+    keep_freed_memory()
+    if torch_threads or len(obs_shape) != 3:
+        torch.set_num_threads(torch_threads or 1)
+
+
+def make_run_dir(args, name: str) -> str:
+    """runs/{name}__{time}, made only now that every check passed; a resumed run keeps its own directory."""
+    if args.resume is not None:
+        return os.path.dirname(args.resume) or "."
+    run_dir = os.path.join("runs", f"{name}__{int(time.time())}")
+    os.makedirs(run_dir, exist_ok=True)
+    return run_dir
+
+
+def print_startup(title: str, env_id: str, device_note: str, run_dir: str, lines: dict) -> None:
+    """The start-up block: algorithm and paper, env, device and why, run directory, then `lines` (label: text)."""
+    print(title)
+    for label, text in {"env": env_id, "device": device_note, "run dir": run_dir, **lines}.items():
+        print(f"  {label.replace('_', ' '):<10} {text}")
+
+
+def open_writer(run_dir: str, args, checkpoint) -> SummaryWriter:
+    """TensorBoard writer; a resumed run hides what its first life logged after the checkpoint (purge_step)."""
+    if checkpoint is not None:
+        return SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
+    writer = SummaryWriter(run_dir)
+    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
+    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+    return writer
+
+
+class NoWriter:
+    """The SummaryWriter of the torchrun workers other than rank 0: it writes nothing."""
+
+    def add_scalar(self, *args, **kwargs):
+        pass
+
+    add_text = add_scalar
+
+    def flush(self):
+        pass
+
+    close = flush
+
+
+class Progress:
+    """A tqdm bar over env steps (ETA, mean return, SPS) on a terminal; otherwise a plain line every
+    PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
+
+    def __init__(self, total_steps: int, start_step: int):
+        self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
+        self.last_report = self.start_time
+        self.bar = None
+        if sys.stdout.isatty():
+            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
+                            dynamic_ncols=True, smoothing=0.05)
+
+    def summary(self, global_step: int, episode_returns) -> dict:
+        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
+        return {"mean_return": f"{mean_return:.2f}",
+                "SPS": int((global_step - self.start_step) / max(time.monotonic() - self.start_time, 1e-9))}
+
+    def update(self, global_step: int, episode_returns) -> None:
+        now = time.monotonic()
+        if self.bar is not None:
+            self.bar.update(global_step - self.bar.n)
+            if now - self.last_report >= 1:
+                self.last_report = now
+                self.bar.set_postfix(self.summary(global_step, episode_returns))
+        elif now - self.last_report >= PROGRESS_EVERY:
+            self.last_report = now
+            self.print_line(global_step, episode_returns)
+
+    def print_line(self, global_step: int, episode_returns) -> None:
+        elapsed, done = time.monotonic() - self.start_time, global_step - self.start_step
+        eta = (self.total - global_step) * elapsed / done if done > 0 else float("nan")
+        summary = self.summary(global_step, episode_returns)
+        print(f"step {global_step:,}/{self.total:,} ({100 * global_step / self.total:.0f}%)  mean_return "
+              f"{summary['mean_return']}  SPS {summary['SPS']:,}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s", flush=True)
+
+    def close(self, global_step: int, episode_returns) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(self.summary(global_step, episode_returns))
+            self.bar.close()
+        else:
+            self.print_line(global_step, episode_returns)
+
+
+# ----------------------------------------------------------------------------- checkpoints and resume
+def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
+                    next_obs, next_done, normalizers=None, **extra) -> dict:
+    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read).
+
+    models, optimizers: {name: module or optimizer}; normalizers: {name: object} for running statistics
+    kept outside the env stack (saved as their attributes); None entries are left out; extra: more keys."""
+    return {
+        "args": dataclasses.asdict(args),
+        "models": {name: model.state_dict() for name, model in models.items() if model is not None},
+        "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
+        "normalizers": {**{name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var),
+                                  "count": float(rms.count)} for name, (_, rms) in env_normalizers(envs).items()},
+                        **{name: dict(vars(normalizer)) for name, normalizer in (normalizers or {}).items()
+                           if normalizer is not None}},
+        "rng": rng_state(),
+        "global_step": global_step,
+        "iteration": iteration,
+        "num_iterations": num_iterations,
+        "episode_returns": list(episode_returns),
+        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
+        **extra,
+    }
+
+
+def save_checkpoint(path: str, checkpoint: dict) -> None:
+    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint."""
+    tmp_path = f"{path}.tmp{os.getpid()}"
+    with open(tmp_path, "wb") as file:
+        torch.save(checkpoint, file)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp_path, path)
+
+
+def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
+    """torch.load with weights_only=True; one sentence naming `flag` if it is not a checkpoint of this script."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"{flag} {path}: no such file.")
+    try:
+        checkpoint = torch.load(path, map_location=device, weights_only=True)
+    except Exception as error:
+        raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
+    field_names = {field.name for field in dataclasses.fields(script.args_type)}
+    if not isinstance(checkpoint, dict) or set(checkpoint.get("args", ())) != field_names:
+        raise SystemExit(f"{flag} {path} is not a {script.name} checkpoint.")
+    return checkpoint
+
+
+def resume_from(args, script: Script) -> tuple:
+    """--resume PATH: (the checkpoint's Args, the checkpoint); without it (args, None)."""
+    if args.resume is None:
+        return args, None
+    defaults = script.args_type()
+    given = [f"--{field.name.replace('_', '-')}" for field in dataclasses.fields(args)
+             if field.name not in ("resume", "cuda") and getattr(args, field.name) != getattr(defaults, field.name)]
+    if given:
+        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {', '.join(given)} "
+                         f"(only --cuda/--no-cuda may be given with --resume).")
+    checkpoint = load_checkpoint(args.resume, "--resume", script)
+    resumed = dataclasses.replace(script.args_type(**checkpoint["args"]), resume=args.resume, cuda=args.cuda)
+    if checkpoint["iteration"] >= checkpoint["num_iterations"]:
+        raise SystemExit(f"--resume {args.resume}: that run already finished all {checkpoint['iteration']} iterations.")
+    return resumed, checkpoint
+
+
+def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done,
+                normalizers=None) -> tuple:
+    """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
+    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
+    (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
+    for name, model in models.items():
+        if model is not None:
+            model.load_state_dict(checkpoint["models"][name])
+    for name, optimizer in optimizers.items():
+        optimizer.load_state_dict(checkpoint["optimizers"][name])
+    for name, normalizer in (normalizers or {}).items():
+        if normalizer is not None:
+            vars(normalizer).update(checkpoint["normalizers"][name])
+    episode_returns.extend(checkpoint["episode_returns"])
+    saved_env = checkpoint["env"]
+    if saved_env["state"] is not None:
+        restore_env_state(envs, saved_env["state"])
+        next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
+    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
+        next_done = torch.ones_like(next_done)
+    load_normalizers(envs, checkpoint["normalizers"])
+    set_rng_state(checkpoint["rng"])
+    return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
+            "torch": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
+
+
+def set_rng_state(rng: dict) -> None:
+    random.setstate(rng["python"])
+    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
+    torch.set_rng_state(rng["torch"])
+    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+def env_normalizers(envs) -> dict:
+    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
+    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i)."""
+    found, env = {}, envs
+    while isinstance(env, gym.vector.VectorWrapper):
+        if isinstance(env, gym.wrappers.vector.NormalizeReward):
+            found["reward"] = (env, env.return_rms)
+        env = env.env
+    for i, sub_env in enumerate(getattr(env, "envs", ())):
+        while isinstance(sub_env, gym.Wrapper):
+            if isinstance(sub_env, gym.wrappers.NormalizeObservation):
+                found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
+            sub_env = sub_env.env
+    return found
+
+
+def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
+    """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
+    for name, (wrapper, rms) in env_normalizers(envs).items():
+        if name in states:
+            rms.mean, rms.var = states[name]["mean"].numpy().copy(), states[name]["var"].numpy().copy()
+            rms.count = states[name]["count"]
+        wrapper.update_running_mean = not freeze
+
+
+def env_state(envs):
+    """Every layer of a Gymnasium vector env stack (wrappers, vector env, sub-envs with their RNGs), pickled
+    attribute by attribute; functions such as make_vec's env factories are left out. None for Procgen."""
+    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
+        return None
+    layers, env = [], envs
+    while env is not None:
+        layer = {}
+        for key, value in vars(env).items():
+            try:
+                layer[key] = pickle.dumps(value) if key != "env" else None
+            except (pickle.PicklingError, AttributeError, TypeError):
+                pass  # a function: the same in the restored stack
+        layers.append({key: value for key, value in layer.items() if value is not None})
+        env = getattr(env, "env", None)
+    return pickle.dumps(layers)
+
+
+def restore_env_state(envs, state: bytes) -> None:
+    env = envs
+    for layer in pickle.loads(state):
+        vars(env).update({key: pickle.loads(value) for key, value in layer.items()})
+        env = getattr(env, "env", None)
+
+
+# ------------------------------------------------------------------------------- evaluation and video
+def check_video_dependency() -> None:
+    try:
+        import moviepy  # noqa: F401  (Gymnasium's RecordVideo writes the videos with it)
+    except ImportError:
+        raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
+                         "pip install moviepy.") from None
+
+
+def check_rendering(env_id: str, procgen_games=()) -> None:
+    """--capture-video needs an env that renders frames (classic control: pygame; MuJoCo: OpenGL)."""
+    if env_id not in procgen_games:  # Procgen's frames are its observations
+        try:
+            env = gym.make(env_id, render_mode="rgb_array")
+            env.reset(seed=0)
+            env.render()
+            env.close()
+        except Exception as error:
+            raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({error}).") from None
+
+
+def evaluate(args, script: Script) -> dict:
+    """--eval-checkpoint: play the saved policy (sampled, as in training) on one env with the saved
+    normalization frozen; print and log (eval/mean_return, eval/std_return) the raw episodic return."""
+    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
+    if args.resume is not None:
+        raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
+    if args.capture_video:
+        check_video_dependency()
+    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
+    run_args = dataclasses.replace(script.args_type(**checkpoint["args"]), num_envs=1, seed=args.seed, resume=None)
+    if args.capture_video:
+        check_rendering(run_args.env_id, script.procgen_games)
+    check_writable("runs")
+    device, device_note = choose_device(args.cuda)
+    envs = script.make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
+    load_normalizers(envs, checkpoint["normalizers"], freeze=True)
+    run_dir = make_run_dir(run_args, f"{script.run_name(run_args)}__eval")
+    print_startup(script.title, run_args.env_id, device_note, run_dir, {
+        "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
+        "episodes": f"{args.eval_episodes}, actions sampled as in training, normalization frozen"})
+    if args.capture_video:
+        envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
+                                               episode_trigger=lambda episode: episode < args.eval_episodes)
+    act = script.acting_policy(run_args, envs, checkpoint["models"], device)
+    random.seed(args.seed)
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    returns, (obs, _) = [], envs.reset(seed=args.seed)
+    while len(returns) < args.eval_episodes:
+        obs, _, _, _, info = envs.step(act(obs))
+        if "episode" in info:
+            returns.extend(info["episode"]["r"][info["_episode"]].tolist())
+    envs.close()
+    returns = returns[:args.eval_episodes]
+    mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
+    writer = SummaryWriter(run_dir)
+    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, returns {returns}")
+    writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
+    writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
+    writer.close()
+    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes")
+    return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
+            "global_step": checkpoint["global_step"]}
+
+
+# -------------------------------------------------------------------------------- torchrun workers
+# `torchrun --nproc_per_node W` runs W copies of a script, one per GPU (several machines: torchrun's --nnodes and
+# --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed, normalizes
+# its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so their
+# weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
+# moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.
+def start_workers(args, script: Script) -> tuple:
+    """Under torchrun (args: the command line's): take this worker's GPU, check the flags and their split over the
+    workers, join the others (NCCL with one GPU each when CUDA is used, Gloo on CPU) and silence stdout on ranks
+    > 0; return (rank, W). In a single process: (0, 1), and nothing is done."""
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if world_size == 1:
+        return 0, 1
+    if script.worker_share is None:
+        raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
+    cuda = torch.cuda.is_available() and args.cuda
+    if cuda:  # before anything touches CUDA (check_args does), or every worker opens a context on GPU 0
+        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if local_size > torch.cuda.device_count():
+            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
+                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
+        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
+    check_args(args, script)  # a bad flag is named as in a single process
+    if args.resume is not None or args.checkpoint_every:
+        raise SystemExit("--resume and --checkpoint-every work in a single process only: a checkpoint holds the "
+                         "envs, reward normalizer and random state of one worker, not the others'.")
+    num_envs = script.run_args(args).num_envs
+    total = f"--num-envs {args.num_envs}"
+    if num_envs != args.num_envs:
+        total += f" / --batch-divisor {args.batch_divisor} = {num_envs}"
+    if num_envs % world_size != 0:
+        raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
+                         f"torchrun workers.")
+    share = script.worker_share(args, rank, world_size)  # it may stop too, e.g. on a total W does not divide
+    try:  # e.g. the minibatches must now split each worker's envs
+        script.check_args(share, *check_spaces(args.env_id, script))
+    except SystemExit as error:
+        raise SystemExit(f"With {world_size} torchrun workers each one runs {num_envs // world_size} of the {total} "
+                         f"envs: {error}") from None
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")
+    return rank, world_size
+
+
+@torch.no_grad()
+def broadcast_weights(*modules) -> None:
+    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
+    if dist.is_initialized():
+        params = [p for module in modules for p in module.parameters()]
+        flat = torch.cat([p.reshape(-1) for p in params])
+        dist.broadcast(flat, src=0)
+        for param, new in zip(params, flat.split([p.numel() for p in params])):
+            param.copy_(new.view_as(param))
+
+
+@torch.no_grad()
+def average_gradients(*modules) -> None:
+    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
+    equal share of the minibatch, so this is the gradient of the whole minibatch."""
+    if dist.is_initialized():
+        grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat)  # sum over workers
+        flat /= dist.get_world_size()
+        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
+            grad.copy_(mean.view_as(grad))
+
+
+def global_batch(x):
+    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
+    if not dist.is_initialized():
+        return x
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def gather_episodes(episodes):
+    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
+    logged after a smaller step). Single process: the list itself."""
+    if not dist.is_initialized():
+        return episodes
+    lists = [None] * dist.get_world_size()
+    dist.all_gather_object(lists, episodes)
+    return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
+
+
+def stop_workers() -> None:
+    """Leave the group of workers (single process: nothing to do)."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
