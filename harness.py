@@ -1,24 +1,31 @@
 """Run plumbing for the scripts of this repository: what every run needs and no paper describes.
 
-Flag and memory checks, device, seeds, run directory, start-up block, progress, TensorBoard, checkpoints,
---resume, --eval-checkpoint with video, and the torchrun helpers. A script describes itself in a `Script`
-(its Args, flag ranges, own checks, make_env, acting policy, title) and calls, from train():
+Flag and memory checks, device, seeds, run directory, start-up block, progress, TensorBoard, checkpoints and
+--resume, Ctrl-C, --eval-checkpoint with video, and the torchrun helpers. A script describes itself in a
+`Script` and calls, from train():
 
-    run = harness.start(args, SCRIPT)              # --resume, workers, checks, seeds, device, envs, run dir, writer
-    global_step, first_iteration, next_obs, next_done = run.restore(...)   # what a checkpoint holds
-    run.after_step(global_step, info)              # every env step: finished episodes, progress
-    run.end_iteration(iteration, global_step, ...) # every iteration: episodes to TensorBoard, SPS, checkpoint
-    return run.finish(global_step, ...)            # final model, closing lines
+    run = harness.start(args, SCRIPT)                 # everything before the algorithm's first line
+    global_step, first_iteration, next_obs, next_done = run.restore(...)  # what a checkpoint holds
+    run.after_step(global_step, info)                 # every env step: finished episodes, progress
+    run.end_rollout()                                 # the rollout's episodes to TensorBoard
+    run.updating(f"epoch {epoch + 1}/{epochs}")       # what the progress line says during the update
+    run.end_iteration(iteration, global_step, ...)    # SPS, checkpoint, a requested stop
+    return run.finish(iteration, global_step, ...)    # model.pt, closing line
 
 This module never imports a script and holds no algorithm.
 """
 import ctypes
 import dataclasses
+import importlib.util
 import os
 import pickle
 import platform
 import random
+import shlex
+import shutil
+import signal
 import sys
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -31,6 +38,7 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.pt: at most this much work is lost to a crash
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
 COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
     "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
@@ -38,6 +46,10 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)", "gamma": "[0, 1]",
     "gae_lambda": "[0, 1]",
 }
+OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume takes from its own command line
+ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
+                    "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
+                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions")}
 
 
 def default_run_name(args) -> str:
@@ -49,9 +61,9 @@ class Script:
     """What the harness needs to know of a script: everything that is the script's own."""
 
     file: str  # the script's __file__, for messages
-    title: str  # one line naming the algorithm and its paper: the first line of the start-up block
-    args_type: type  # the script's Args dataclass
-    flag_ranges: dict  # {flag: interval such as "(0, 1]"} for the script's own numeric flags
+    doc: str  # its docstring: the first paragraph names the algorithm, the `python ...` lines are its recipes
+    args_type: type  # its Args dataclass
+    flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
     check_args: Callable  # (args, observation_space, action_space): its own checks of the command line's Args
     make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
     acting_policy: Callable  # (args, envs, {name: state dict}, device) -> act(obs) -> env actions, for evaluation
@@ -68,7 +80,7 @@ class Script:
         return os.path.basename(self.file)
 
 
-# ------------------------------------------------------------------------------------- start of a run
+# ------------------------------------------------------------------------------------- a run's life
 def start(args, script: Script) -> "Run":
     """Everything before the algorithm's first line: --resume, torchrun workers, flag checks (before any work and
     before a run directory exists), seeds, device, envs, run directory, start-up block and TensorBoard writer."""
@@ -88,30 +100,49 @@ def start(args, script: Script) -> "Run":
     run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
     lines = {"steps": script.describe(run_args, world_size, checkpoint)}
     if checkpoint is not None:
-        lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
-                             f"from {args.resume}")
+        lines["resuming"] = f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,})"
     if world_size > 1:
         lines["workers"] = (f"{world_size} torchrun workers ({dist.get_backend()}), each with {run_args.num_envs} envs "
                             f"and seed {run_args.seed} + {run_args.num_envs} x rank; the flags printed and logged are "
                             f"rank 0's share")
-    print_startup(script.title, run_args.env_id, device_note, run_dir, lines)
+    lines["saves"] = saves_note(args, world_size)
+    print_startup(title(script), run_args.env_id, device_note, run_dir, lines)
+    suggest_recipe(args, script)
     writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
     return Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)
+
+
+def title(script: Script) -> str:
+    """The docstring's first paragraph on one line: the algorithm and its paper."""
+    return " ".join(script.doc.split("\n\n")[0].split())
+
+
+def saves_note(args, world_size: int) -> str:
+    every = args.checkpoint_every
+    if world_size > 1 or every == 0:
+        checkpoints = "no checkpoint.pt" + (" (torchrun)" if world_size > 1 and every is None else "")
+    else:
+        cadence = f"every {every} iterations" if every else f"every {CHECKPOINT_MINUTES} minutes"
+        checkpoints = f"checkpoint.pt {cadence} and at the end"
+    return checkpoints + (", model.pt at the end" if args.save_model else "")
 
 
 class Run:
     """A run in progress: its Args, device, envs, run directory and writer, and the hooks train() calls.
 
-    args: the Args this process trains with (the script's run_args of the command line's, and a torchrun
-    worker's share); command_args: the command line's (or the resumed checkpoint's), which checkpoints keep."""
+    args: the Args this process trains with (the script's run_args of the command line's, and a torchrun worker's
+    share); command_args: the command line's (or the resumed checkpoint's), which checkpoints keep."""
 
     def __init__(self, script, command_args, args, checkpoint, rank, world_size, device, envs, run_dir, writer):
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
         self.rank, self.world_size, self.device, self.envs = rank, world_size, device, envs
         self.run_dir, self.writer = run_dir, writer
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
-        self.episodes = []  # (step, return, length) of the episodes that ended in this iteration
-        self.sps = 0
+        self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
+        self.checkpoints = world_size == 1 and command_args.checkpoint_every != 0
+        self.sps, self.stop_signal, self.old_handlers = 0, None, {}
+        if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
+            self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def restore(self, num_iterations, batch_size, models, optimizers, normalizers, next_obs, next_done) -> tuple:
         """Remember what a checkpoint holds (models, optimizers: {name: module}; normalizers: {name: object with
@@ -124,7 +155,7 @@ class Run:
             global_step, first_iteration, next_obs, next_done = restore_run(
                 self.checkpoint, models, optimizers, self.envs, self.episode_returns, next_obs, next_done,
                 self.normalizers)
-        self.last_checkpoint = first_iteration - 1
+        self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.start_step, self.start_time = global_step, time.time()
         self.progress = Progress(num_iterations * batch_size, global_step)
         return global_step, first_iteration, next_obs, next_done
@@ -135,7 +166,8 @@ class Run:
         if "episode" in info:
             for i in np.flatnonzero(info["_episode"]):
                 self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
-        self.progress.update(global_step, self.episode_returns)
+        recent = [episode_return for _, episode_return, _ in self.episodes[-100:]]  # this worker's, as they end
+        self.progress.update(global_step, (list(self.episode_returns) + recent)[-100:])
 
     def end_rollout(self) -> None:
         """Log the rollout's finished episodes (torchrun: every worker's, in step order)."""
@@ -145,16 +177,30 @@ class Run:
             self.writer.add_scalar("charts/episodic_length", length, step)
         self.episodes = []
 
+    def updating(self, what: str) -> None:
+        """The progress line says what the update is doing, e.g. "epoch 2/3"."""
+        self.progress.set_status(f"updating: {what}")
+
     def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
-        """After each iteration: log SPS, and write checkpoint.pt when --checkpoint-every iterations have passed
-        (at the first iteration where `can_checkpoint`, if it is not every one). extra: more checkpoint keys."""
+        """After each iteration: log SPS; where `can_checkpoint` (a safe point), write checkpoint.pt when it is due
+        (the last iteration, --checkpoint-every iterations or CHECKPOINT_MINUTES since the last, a stop request),
+        and stop the run if a signal asked for it. extra: more checkpoint keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
-        every = self.command_args.checkpoint_every
-        if every and can_checkpoint and iteration // every > self.last_checkpoint // every:
+        self.progress.iteration_done(global_step)
+        stop = self.stop_requested()
+        if not (can_checkpoint or stop and not self.checkpoints):
+            return
+        every, last = self.command_args.checkpoint_every, self.last_safe_iteration
+        due = iteration == self.num_iterations or stop or (
+            iteration // every > last // every if every else
+            time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES)
+        if self.checkpoints and due:
             self.save("checkpoint.pt", iteration, global_step, next_obs, next_done, **extra)
-        if can_checkpoint:
-            self.last_checkpoint = iteration
+            self.last_checkpoint_time = time.monotonic()
+        self.last_safe_iteration = iteration
+        if stop:
+            self.stop(iteration, global_step)
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
@@ -163,15 +209,61 @@ class Run:
             self.episode_returns, next_obs, next_done, self.normalizers, **extra))
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
-        """After the last iteration: --save-model, closing lines; returns train()'s result."""
+        """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
         if self.command_args.save_model and self.rank == 0:
             self.save("model.pt", iteration, global_step, next_obs, next_done, **extra)
+        self.close(global_step)
+        mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
+        return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
+
+    def close(self, global_step) -> None:
         self.progress.close(global_step, self.episode_returns)
         self.envs.close()
         self.writer.close()
         stop_workers()
-        mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
-        return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
+        for sig, handler in self.old_handlers.items():
+            signal.signal(sig, handler)
+
+    def on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_signal is not None:
+            print(f"\n{name} again: stopping now, without a checkpoint.", flush=True)
+            os._exit(128 + signum)
+        self.stop_signal = signum
+        where = "at the next iteration end" + (" that can be checkpointed" if self.checkpoints else "")
+        print(f"\n{name}: stopping {where}; {name} again stops at once.", flush=True)
+
+    def stop_requested(self) -> bool:
+        """Whether a signal asked to stop (torchrun: any worker's, so that all stop at the same iteration)."""
+        if not dist.is_initialized():
+            return self.stop_signal is not None
+        flag = torch.tensor([self.stop_signal or 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        self.stop_signal = int(flag) or None
+        return self.stop_signal is not None
+
+    def stop(self, iteration, global_step) -> None:
+        """Close the run after a signal: say where it stopped and how to resume; exit with 128 + the signal."""
+        signum = self.stop_signal
+        self.close(global_step)
+        print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
+              f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.pt" if self.checkpoints else ""))
+        if self.checkpoints:
+            print(f"resume: {resume_command(self.script, self.command_args, f'{self.run_dir}/checkpoint.pt')}")
+        else:
+            print("no checkpoint was written (--checkpoint-every 0 or torchrun), so this run cannot be resumed")
+        raise SystemExit(128 + signum)
+
+
+def resume_command(script: Script, args, path: str) -> str:
+    """The command that continues a run from `path` with the same output flags."""
+    defaults, flags = script.args_type(), [f"--resume {shlex.quote(path)}"]
+    for name in OUTPUT_FLAGS:
+        value = getattr(args, name)
+        if value != getattr(defaults, name):
+            dashed = name.replace("_", "-")
+            flags.append(f"--{'' if value else 'no-'}{dashed}" if isinstance(value, bool) else f"--{dashed} {value}")
+    return f"python {script.name} " + " ".join(flags)
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -179,6 +271,11 @@ def check_args(args, script: Script) -> None:
     """Stop with one sentence naming the flag before any work is done and before a run directory exists."""
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
     script.check_args(args, *check_spaces(args.env_id, script))
+    run_args = script.run_args(args)
+    iteration = run_args.num_envs * run_args.num_steps
+    if args.total_timesteps < iteration:
+        raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
+                         f"steps (--num-envs {run_args.num_envs} x --num-steps {run_args.num_steps}).")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
 
 
@@ -189,11 +286,6 @@ def check_ranges(args, ranges: dict) -> None:
         if value is not None and not ((low <= value if interval[0] == "[" else low < value)
                                       and (value <= high if interval[-1] == "]" else value < high)):
             raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
-
-
-ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
-                    "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
-                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions")}
 
 
 def check_spaces(env_id: str, script: Script) -> tuple:
@@ -212,8 +304,6 @@ def check_spaces(env_id: str, script: Script) -> tuple:
 def env_spaces(env_id: str, procgen_games=()) -> tuple:
     """(observation space, action space) of one env, without building the vector env."""
     if env_id in procgen_games:
-        import importlib.util
-
         if importlib.util.find_spec("procgen") is None:
             raise SystemExit(f"--env-id {env_id} needs the procgen package: pip install -r requirements.txt.")
         return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
@@ -241,6 +331,14 @@ def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples) -> 
         )
 
 
+def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
+    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
+    for kind, free in available_memory(cuda).items():
+        if num_bytes > free:
+            raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
+                             f"is available; lower {flags}.")
+
+
 def available_memory(cuda: bool) -> dict:
     """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
     available = {}
@@ -251,14 +349,6 @@ def available_memory(cuda: bool) -> dict:
             lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
         available.update({"memory": int(lines[0][1]) * 1024} if lines else {})
     return available
-
-
-def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
-    """Stop before allocating `num_bytes` that the free memory (MemAvailable, and the GPU's with cuda) cannot hold."""
-    for kind, free in available_memory(cuda).items():
-        if num_bytes > free:
-            raise SystemExit(f"{what} need {num_bytes / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB of {kind} "
-                             f"is available; lower {flags}.")
 
 
 def check_writable(directory: str) -> None:
@@ -277,6 +367,34 @@ def hyperparameter_changes(before, after) -> str:
                      if getattr(before, k) != getattr(after, k))
 
 
+def recipes(doc: str) -> list:
+    """The `python ...` commands of a docstring (its recipes), continuation lines joined, comments dropped."""
+    commands, lines = [], iter(doc.splitlines())
+    for line in lines:
+        if line.strip().startswith("python "):
+            command = line.split("#")[0].strip()
+            while command.endswith("\\"):
+                command = command[:-1].strip() + " " + next(lines).split("#")[0].strip()
+            commands.append(command)
+    return commands
+
+
+def suggest_recipe(args, script: Script) -> None:
+    """A non-Procgen env run with the Procgen-sized defaults: name the script's CPU recipe for that env family."""
+    defaults = script.args_type()
+    if (args.env_id in script.procgen_games or defaults.env_id not in script.procgen_games
+            or (args.num_envs, args.num_steps) != (defaults.num_envs, defaults.num_steps)):
+        return
+    continuous = isinstance(env_spaces(args.env_id)[1], gym.spaces.Box)
+    for command in recipes(script.doc):
+        words = shlex.split(command)
+        env_id = words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id
+        if env_id not in script.procgen_games and isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:
+            print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x {args.num_steps} "
+                  f"steps, gamma {args.gamma}); the CPU recipe for such envs is: {command}")
+            return
+
+
 # ---------------------------------------------------------------------------- device, CPU, run directory
 def choose_device(cuda: bool) -> tuple:
     """(device, a note saying which one and why)."""
@@ -287,22 +405,15 @@ def choose_device(cuda: bool) -> tuple:
     return torch.device("cpu"), "cpu (--no-cuda)"
 
 
-def keep_freed_memory() -> None:
-    """Training on CPU with glibc: keep freed memory for reuse. By default glibc hands every freed block over
-    32 MiB back to the OS, so each big activation or gradient buffer is page-faulted in again on every pass."""
-    if platform.libc_ver()[0] != "glibc":
-        return
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
-    libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
-
-
 def tune_cpu(device, torch_threads: int, obs_shape) -> None:
     """On the CPU: keep freed memory, and use --torch-threads threads, or by default 1 for the MLP of vector
     observations and PyTorch's one per core for the IMPALA CNN (each the faster here: docs/speed.md)."""
     if device.type != "cpu":
         return
-    keep_freed_memory()
+    if platform.libc_ver()[0] == "glibc":  # glibc hands each freed block over 32 MiB back to the OS by default,
+        libc = ctypes.CDLL("libc.so.6")  # so every big activation or gradient buffer is page-faulted in again
+        libc.mallopt(-4, 0)  # M_MMAP_MAX = 0: serve big blocks from the heap, not from their own mmap
+        libc.mallopt(-1, 2**31 - 1)  # M_TRIM_THRESHOLD: give the heap's free top back only beyond 2 GiB
     if torch_threads or len(obs_shape) != 3:
         torch.set_num_threads(torch_threads or 1)
 
@@ -320,7 +431,7 @@ def print_startup(title: str, env_id: str, device_note: str, run_dir: str, lines
     """The start-up block: algorithm and paper, env, device and why, run directory, then `lines` (label: text)."""
     print(title)
     for label, text in {"env": env_id, "device": device_note, "run dir": run_dir, **lines}.items():
-        print(f"  {label.replace('_', ' '):<10} {text}")
+        print(f"  {label:<10} {text}")
 
 
 def open_writer(run_dir: str, args, checkpoint) -> SummaryWriter:
@@ -334,60 +445,66 @@ def open_writer(run_dir: str, args, checkpoint) -> SummaryWriter:
 
 
 class NoWriter:
-    """The SummaryWriter of the torchrun workers other than rank 0: it writes nothing."""
+    """The SummaryWriter of the torchrun workers other than rank 0: every call does nothing."""
 
-    def add_scalar(self, *args, **kwargs):
-        pass
-
-    add_text = add_scalar
-
-    def flush(self):
-        pass
-
-    close = flush
+    def __getattr__(self, name):
+        return lambda *args, **kwargs: None
 
 
 class Progress:
-    """A tqdm bar over env steps (ETA, mean return, SPS) on a terminal; otherwise a plain line every
-    PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
+    """Env steps, the mean return of the last 100 episodes and what the run is doing; SPS and ETA count whole
+    iterations, update included, once the first one has finished. A tqdm bar on a terminal; otherwise a plain
+    line every PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
 
     def __init__(self, total_steps: int, start_step: int):
         self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
-        self.last_report = self.start_time
+        self.last_line, self.done, self.status = self.start_time, None, ""  # done: (step, time) of the last iteration
+        self.step, self.episode_returns = start_step, []
         self.bar = None
         if sys.stdout.isatty():
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
-                            dynamic_ncols=True, smoothing=0.05)
+                            dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
-    def summary(self, global_step: int, episode_returns) -> dict:
-        mean_return = float(np.mean(episode_returns)) if episode_returns else float("nan")
-        return {"mean_return": f"{mean_return:.2f}",
-                "SPS": int((global_step - self.start_step) / max(time.monotonic() - self.start_time, 1e-9))}
+    def summary(self, step: int, episode_returns) -> str:
+        mean_return = float(np.mean(episode_returns)) if len(episode_returns) else float("nan")
+        text = f"mean_return {mean_return:.2f}  "
+        if self.done is None:
+            text += "in the first iteration"
+        else:
+            sps = (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
+            text += f"SPS {sps:,.0f}  ETA {(self.total - step) / max(sps, 1e-9):.0f} s"
+        return text + (f"  {self.status}" if self.status else "")
 
-    def update(self, global_step: int, episode_returns) -> None:
-        now = time.monotonic()
+    def update(self, step: int, episode_returns, force: bool = False) -> None:
+        self.step, self.episode_returns, now = step, episode_returns, time.monotonic()
         if self.bar is not None:
-            self.bar.update(global_step - self.bar.n)
-            if now - self.last_report >= 1:
-                self.last_report = now
-                self.bar.set_postfix(self.summary(global_step, episode_returns))
-        elif now - self.last_report >= PROGRESS_EVERY:
-            self.last_report = now
-            self.print_line(global_step, episode_returns)
+            self.bar.update(step - self.bar.n)
+            if force or now - self.last_line >= 1:
+                self.last_line = now
+                self.bar.set_postfix_str(self.summary(step, episode_returns))
+        elif force or now - self.last_line >= PROGRESS_EVERY:
+            self.last_line = now
+            self.print_line(step, episode_returns)
 
-    def print_line(self, global_step: int, episode_returns) -> None:
-        elapsed, done = time.monotonic() - self.start_time, global_step - self.start_step
-        eta = (self.total - global_step) * elapsed / done if done > 0 else float("nan")
-        summary = self.summary(global_step, episode_returns)
-        print(f"step {global_step:,}/{self.total:,} ({100 * global_step / self.total:.0f}%)  mean_return "
-              f"{summary['mean_return']}  SPS {summary['SPS']:,}  elapsed {elapsed:.0f} s  ETA {eta:.0f} s", flush=True)
+    def set_status(self, status: str) -> None:
+        if status != self.status:
+            self.status = status
+            self.update(self.step, self.episode_returns, force=self.bar is not None)
 
-    def close(self, global_step: int, episode_returns) -> None:
+    def iteration_done(self, step: int) -> None:
+        self.done, self.status = (step, time.monotonic()), ""
+
+    def print_line(self, step: int, episode_returns) -> None:
+        print(f"step {step:,}/{self.total:,} ({100 * step / self.total:.0f}%)  {self.summary(step, episode_returns)}  "
+              f"elapsed {time.monotonic() - self.start_time:.0f} s", flush=True)
+
+    def close(self, step: int, episode_returns) -> None:
+        self.status = ""
         if self.bar is not None:
-            self.bar.set_postfix(self.summary(global_step, episode_returns))
+            self.bar.set_postfix_str(self.summary(step, episode_returns))
             self.bar.close()
         else:
-            self.print_line(global_step, episode_returns)
+            self.print_line(step, episode_returns)
 
 
 # ----------------------------------------------------------------------------- checkpoints and resume
@@ -440,19 +557,29 @@ def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
 
 
 def resume_from(args, script: Script) -> tuple:
-    """--resume PATH: (the checkpoint's Args, the checkpoint); without it (args, None)."""
+    """--resume PATH: (the checkpoint's Args with this command line's output flags, the checkpoint); without it
+    (args, None). A finished run's checkpoint gives its model.pt and nothing else."""
     if args.resume is None:
         return args, None
     defaults = script.args_type()
-    given = [f"--{field.name.replace('_', '-')}" for field in dataclasses.fields(args)
-             if field.name not in ("resume", "cuda") and getattr(args, field.name) != getattr(defaults, field.name)]
+    given = [f"--{field.name.replace('_', '-')}" for field in dataclasses.fields(args) if field.name != "resume"
+             and field.name not in OUTPUT_FLAGS and getattr(args, field.name) != getattr(defaults, field.name)]
     if given:
         raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {', '.join(given)} "
-                         f"(only --cuda/--no-cuda may be given with --resume).")
+                         f"(only --cuda, --save-model and --checkpoint-every may be given with --resume).")
     checkpoint = load_checkpoint(args.resume, "--resume", script)
-    resumed = dataclasses.replace(script.args_type(**checkpoint["args"]), resume=args.resume, cuda=args.cuda)
+    output_flags = {name: getattr(args, name) for name in OUTPUT_FLAGS}
+    resumed = dataclasses.replace(script.args_type(**checkpoint["args"]), resume=args.resume, **output_flags)
     if checkpoint["iteration"] >= checkpoint["num_iterations"]:
-        raise SystemExit(f"--resume {args.resume}: that run already finished all {checkpoint['iteration']} iterations.")
+        done = f"--resume {args.resume}: that run already finished all {checkpoint['iteration']:,} iterations"
+        if not args.save_model:
+            raise SystemExit(f"{done}; there is nothing to continue.")
+        model_path = os.path.join(os.path.dirname(args.resume), "model.pt")
+        if not os.path.exists(model_path):
+            shutil.copyfile(args.resume, model_path + ".tmp")  # the last checkpoint is the final model
+            os.replace(model_path + ".tmp", model_path)
+        print(f"{done}; its final model is {model_path}.")
+        raise SystemExit(0)
     return resumed, checkpoint
 
 
@@ -576,17 +703,19 @@ def evaluate(args, script: Script) -> dict:
     if args.capture_video:
         check_video_dependency()
     checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = dataclasses.replace(script.args_type(**checkpoint["args"]), num_envs=1, seed=args.seed, resume=None)
+    run_args = script.args_type(**checkpoint["args"])
     if args.capture_video:
         check_rendering(run_args.env_id, script.procgen_games)
     check_writable("runs")
     device, device_note = choose_device(args.cuda)
-    envs = script.make_env(run_args, render_mode="rgb_array" if args.capture_video else None)
+    envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
+                           render_mode="rgb_array" if args.capture_video else None)
     load_normalizers(envs, checkpoint["normalizers"], freeze=True)
-    run_dir = make_run_dir(run_args, f"{script.run_name(run_args)}__eval")
-    print_startup(script.title, run_args.env_id, device_note, run_dir, {
+    checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
+    run_dir = make_run_dir(dataclasses.replace(run_args, resume=None), f"{checkpoint_dir}__eval")  # after its run
+    print_startup(title(script), run_args.env_id, device_note, run_dir, {
         "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-        "episodes": f"{args.eval_episodes}, actions sampled as in training, normalization frozen"})
+        "episodes": f"{args.eval_episodes}, seed {args.seed}, actions sampled as in training, normalization frozen"})
     if args.capture_video:
         envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
                                                episode_trigger=lambda episode: episode < args.eval_episodes)
@@ -639,9 +768,8 @@ def start_workers(args, script: Script) -> tuple:
         raise SystemExit("--resume and --checkpoint-every work in a single process only: a checkpoint holds the "
                          "envs, reward normalizer and random state of one worker, not the others'.")
     num_envs = script.run_args(args).num_envs
-    total = f"--num-envs {args.num_envs}"
-    if num_envs != args.num_envs:
-        total += f" / --batch-divisor {args.batch_divisor} = {num_envs}"
+    total = f"--num-envs {args.num_envs}" + (f" / --batch-divisor {args.batch_divisor} = {num_envs}"
+                                             if num_envs != args.num_envs else "")
     if num_envs % world_size != 0:
         raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
                          f"torchrun workers.")

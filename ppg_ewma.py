@@ -1,4 +1,5 @@
-"""PPG and PPG-EWMA with batch size-invariance: Cobbe et al., "Phasic policy gradient" (2020); Hilton, Cobbe & Schulman, "Batch size-invariance for policy optimization" (2021).
+"""PPG and PPG-EWMA with batch size-invariance: Cobbe et al., "Phasic policy gradient" (2020); Hilton, Cobbe &
+Schulman, "Batch size-invariance for policy optimization" (2021).
 
 PPG trains separate policy and value networks. A policy phase of N_pi iterations (rollout, E_pi policy
 epochs, E_V value epochs) alternates with an auxiliary phase that distils the value targets of the
@@ -48,13 +49,15 @@ class Args:
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
-    save_model: bool = False
-    """write the checkpoint model.pt into the run directory at the end"""
-    checkpoint_every: int = 0
-    """write the checkpoint checkpoint.pt into the run directory every this many iterations, atomically; 0: never.
+    save_model: bool = True
+    """write the final checkpoint, model.pt, into the run directory at the end"""
+    checkpoint_every: Optional[int] = None
+    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
+    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never.
     ppg_ewma.py writes it at the end of the phase that reaches them, so that the phase buffer is empty"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda/--no-cuda may be added)"""
+    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
+    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -630,7 +633,7 @@ def train(args: Args) -> dict:
     phase_obs = torch.empty((args.n_pi, args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype)
     phase_returns = torch.zeros((args.n_pi, args.num_steps, args.num_envs))
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # pi_prox of --no-ewma --objective kl
+    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # --no-ewma --objective kl
     behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
@@ -644,8 +647,8 @@ def train(args: Args) -> dict:
     # phase ends (its buffer is then spent), the first phase end at or after every --checkpoint-every iterations
     global_step, first_iteration, next_obs, next_done = run.restore(
         num_iterations, batch_size, {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
-        {"optimizer": optimizer, "aux_optimizer": aux_optimizer}, {"reward": reward_normalizer, "advantages": adv_moments},
-        next_obs, next_done)
+        {"optimizer": optimizer, "aux_optimizer": aux_optimizer},
+        {"reward": reward_normalizer, "advantages": adv_moments}, next_obs, next_done)
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
@@ -698,8 +701,10 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):  # E_pi epochs of the decoupled objective on the policy network
+            run.updating(f"policy epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
-                mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds].to(device), b_advantages[mb_inds], b_behav_logps[mb_inds]
+                mb_obs, mb_advantages = b_obs[mb_inds].to(device), b_advantages[mb_inds]
+                mb_behav_logp = b_behav_logps[mb_inds]
                 new_logits = policy.get_logits(mb_obs)
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
                 if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
@@ -742,6 +747,7 @@ def train(args: Args) -> dict:
                         stats[name].append(value.detach())
 
         for epoch in range(args.value_epochs):  # E_V epochs of L^value on the separate value network
+            run.updating(f"value epoch {epoch + 1}/{args.value_epochs}")
             for mb_inds in epoch_minibatches(args):
                 v_loss = value_loss(value_net(b_obs[mb_inds].to(device)), b_returns[mb_inds])
                 if not torch.isfinite(v_loss):
@@ -859,7 +865,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(
-    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
     run_args=apply_batch_divisor, worker_share=worker_share, procgen_games=PROCGEN_GAMES,
 )
 

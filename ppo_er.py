@@ -1,4 +1,5 @@
-"""PPO with multi-batch experience replay (PPO-ER): Han & Sung, "Multi-Batch Experience Replay for Fast Convergence of Continuous Action Control".
+"""PPO with multi-batch experience replay (PPO-ER): Han & Sung, "Multi-Batch Experience Replay for Fast Convergence of
+Continuous Action Control".
 
 Each iteration collects a batch of N samples from the current policy, computes GAE advantages and
 TD(lambda) targets for it once, and stores it with the behaviour policy's mean and std in a replay
@@ -36,12 +37,14 @@ class Args:
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
-    save_model: bool = False
-    """write the checkpoint model.pt into the run directory at the end"""
-    checkpoint_every: int = 0
-    """write the checkpoint checkpoint.pt into the run directory every this many iterations, atomically; 0: never"""
+    save_model: bool = True
+    """write the final checkpoint, model.pt, into the run directory at the end"""
+    checkpoint_every: Optional[int] = None
+    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
+    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda/--no-cuda may be added)"""
+    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
+    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -274,8 +277,10 @@ def train(args: Args) -> dict:
 
     for iteration in range(first_iteration, num_iterations + 1):
         # step size beta = 3e-4 alpha and clip factor epsilon = 0.2 alpha (Table II)
-        learning_rate = linear_schedule(args.learning_rate, iteration, num_iterations) if args.anneal else args.learning_rate
-        clip_coef = linear_schedule(args.clip_coef, iteration, num_iterations) if args.anneal else args.clip_coef
+        learning_rate, clip_coef = args.learning_rate, args.clip_coef
+        if args.anneal:
+            learning_rate = linear_schedule(args.learning_rate, iteration, num_iterations)
+            clip_coef = linear_schedule(args.clip_coef, iteration, num_iterations)
         optimizer.param_groups[0]["lr"] = learning_rate
 
         for step in range(args.num_steps):  # Algorithm 1, line 3: K actors, N/K steps each
@@ -294,7 +299,8 @@ def train(args: Args) -> dict:
             # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
-                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=torch.float32, device=device)
+                final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=torch.float32,
+                                            device=device)
                 with torch.no_grad():
                     rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
             next_obs = torch.as_tensor(next_obs_np, dtype=torch.float32, device=device)
@@ -320,6 +326,7 @@ def train(args: Args) -> dict:
         ratio_max = torch.zeros((), device=device)
         clipped, counted = torch.zeros(2, device=device), torch.zeros(2, device=device)  # [fresh, replayed]
         for epoch in range(args.update_epochs):  # lines 8-16: T epochs of NL/M minibatches
+            run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in replay.minibatch_indices(minibatch_size):
                 mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
                 mean, log_std = agent.get_policy(mb_obs)
@@ -360,7 +367,7 @@ def train(args: Args) -> dict:
 
         fresh_returns, fresh_values = returns.reshape(-1), values.reshape(-1)
         var_returns = fresh_returns.var()
-        explained_var = (1 - (fresh_returns - fresh_values).var() / var_returns).item() if var_returns > 0 else float("nan")
+        explained_var = (1 - (fresh_returns - fresh_values).var() / var_returns).item() if var_returns > 0 else math.nan
         writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         writer.add_scalar("charts/clip_coef", clip_coef, global_step)
         writer.add_scalar("charts/replay_batches", len(replay), global_step)
@@ -400,7 +407,8 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size."""
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
     return (f"{num_iterations * batch_size:,} in {num_iterations:,} iterations of N = {batch_size:,} "
-            f"({args.num_envs} actors x {args.num_steps} steps); M = {minibatch_size}, L = {args.replay_batches}")
+            f"({args.num_envs} actor{'s' if args.num_envs > 1 else ''} x {args.num_steps} steps); "
+            f"M = {minibatch_size}, L = {args.replay_batches}")
 
 
 def acting_policy(args: Args, envs, models: dict, device):
@@ -418,7 +426,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(
-    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
     actions="continuous", images=False,
 )
 

@@ -1,4 +1,5 @@
-"""PPO and PPO-EWMA with batch size-invariance: Hilton, Cobbe & Schulman, "Batch size-invariance for policy optimization" (2021).
+"""PPO and PPO-EWMA with batch size-invariance: Hilton, Cobbe & Schulman, "Batch size-invariance for policy
+optimization" (2021).
 
 PPO-EWMA keeps an exponentially-weighted moving average (EWMA) of the policy network's weights and
 uses it as the proximal policy of the decoupled objectives (Sec. 2, Sec. 4, Appendix A, Algorithm 2);
@@ -45,12 +46,14 @@ class Args:
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
-    save_model: bool = False
-    """write the checkpoint model.pt into the run directory at the end"""
-    checkpoint_every: int = 0
-    """write the checkpoint checkpoint.pt into the run directory every this many iterations, atomically; 0: never"""
+    save_model: bool = True
+    """write the final checkpoint, model.pt, into the run directory at the end"""
+    checkpoint_every: Optional[int] = None
+    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
+    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda/--no-cuda may be added)"""
+    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
+    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -288,7 +291,8 @@ class Agent(nn.Module):
             self.torso = nn.Sequential(
                 layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
-            self.actor, self.critic = layer_init(nn.Linear(64, num_actions), std=0.01), layer_init(nn.Linear(64, 1), std=1.0)
+            self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
+            self.critic = layer_init(nn.Linear(64, 1), std=1.0)
 
     def get_logits(self, obs):
         return self.actor(self.torso(obs))
@@ -510,9 +514,10 @@ def train(args: Args) -> dict:
 
     # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
     obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=obs_dtype, device=device)
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # pi_prox of --no-ewma --objective kl
+    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # --no-ewma --objective kl
     behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
@@ -560,7 +565,7 @@ def train(args: Args) -> dict:
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
 
-        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+        b_obs = obs.reshape((-1,) + obs_shape)
         b_actions, b_logits = actions.reshape(-1), logits.reshape(-1, num_actions)
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
@@ -570,6 +575,7 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
+            run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
                 mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds], b_advantages[mb_inds], b_behav_logps[mb_inds]
@@ -680,7 +686,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(
-    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
     run_args=apply_batch_divisor, worker_share=worker_share, procgen_games=PROCGEN_GAMES,
 )
 

@@ -1,4 +1,5 @@
-"""PPO on artificially stale data, three objectives (Fig. 1): Hilton, Cobbe & Schulman, "Batch size-invariance for policy optimization" (2021), Sec. 5.1.
+"""PPO on artificially stale data, three objectives (Fig. 1): Hilton, Cobbe & Schulman, "Batch size-invariance for
+policy optimization" (2021), Sec. 5.1.
 
 Each rollout waits in a queue and is trained on `--staleness k` iterations after it was collected.
 PPO's pi_old is then ambiguous: the recent policy (the weights before this iteration's updates) or
@@ -44,12 +45,14 @@ class Args:
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
-    save_model: bool = False
-    """write the checkpoint model.pt into the run directory at the end"""
-    checkpoint_every: int = 0
-    """write the checkpoint checkpoint.pt into the run directory every this many iterations, atomically; 0: never"""
+    save_model: bool = True
+    """write the final checkpoint, model.pt, into the run directory at the end"""
+    checkpoint_every: Optional[int] = None
+    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
+    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda/--no-cuda may be added)"""
+    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
+    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -251,7 +254,8 @@ class Agent(nn.Module):
             self.torso = nn.Sequential(
                 layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
-            self.actor, self.critic = layer_init(nn.Linear(64, num_actions), std=0.01), layer_init(nn.Linear(64, 1), std=1.0)
+            self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
+            self.critic = layer_init(nn.Linear(64, 1), std=1.0)
 
     def get_logits(self, obs):
         return self.actor(self.torso(obs))
@@ -525,6 +529,7 @@ def train(args: Args) -> dict:
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
+            run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
                 new_logits, new_value = agent(b_obs[mb_inds])
@@ -642,7 +647,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(
-    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
     worker_share=worker_share, run_name=run_name, procgen_games=PROCGEN_GAMES,
 )
 

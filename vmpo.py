@@ -1,4 +1,5 @@
-"""V-MPO, discrete and continuous actions: Song et al., "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for Discrete and Continuous Control" (ICLR 2020).
+"""V-MPO, discrete and continuous actions: Song et al., "V-MPO: On-Policy Maximum a Posteriori Policy Optimization for
+Discrete and Continuous Control" (ICLR 2020).
 
 A target network acts and is held fixed for T_target learning steps; the online network learns.
 Each learning step is EM-style policy iteration (Sec. 4.2): the E-step builds a nonparametric target
@@ -49,12 +50,14 @@ class Args:
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
-    save_model: bool = False
-    """write the checkpoint model.pt into the run directory at the end"""
-    checkpoint_every: int = 0
-    """write the checkpoint checkpoint.pt into the run directory every this many iterations, atomically; 0: never"""
+    save_model: bool = True
+    """write the final checkpoint, model.pt, into the run directory at the end"""
+    checkpoint_every: Optional[int] = None
+    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
+    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda/--no-cuda may be added)"""
+    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
+    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -476,7 +479,8 @@ def train(args: Args) -> dict:
 
     # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
     obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
-    obs = torch.zeros((args.num_steps, args.num_envs) + envs.single_observation_space.shape, dtype=obs_dtype, device=device)
+    obs_shape = envs.single_observation_space.shape
+    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
     action_shape, action_dtype = envs.single_action_space.shape, torch.float32 if agent.continuous else torch.long
     actions = torch.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_dtype, device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
@@ -531,12 +535,13 @@ def train(args: Args) -> dict:
             next_value = agent.get_value(next_obs)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
-        b_obs = obs.reshape((-1,) + envs.single_observation_space.shape)
+        b_obs = obs.reshape((-1,) + obs_shape)
         b_actions = actions.reshape((-1,) + action_shape)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
 
         stats = defaultdict(list)  # tag -> one value per learning step
         for epoch in range(args.update_epochs):
+            run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             b_inds = torch.randperm(batch_size, device=device)
             for start in range(0, batch_size, minibatch_size):
                 mb_inds = b_inds[start:start + minibatch_size]
@@ -648,7 +653,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(
-    __file__, __doc__.splitlines()[0], Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
+    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
     procgen_games=PROCGEN_GAMES, actions="any",
 )
 

@@ -4,12 +4,18 @@ tests/scalars_before_harness.json holds every scalar that a seeded tiny run of e
 f363de8, the last commit before harness.py existed. It was written by `python tests/test_harness.py --record`
 run at that commit, on this repository's 2-core CPU machine (torch 2.13.0, one thread).
 """
+import glob
 import json
 import os
+import re
+import signal
+import subprocess
 import sys
+import time
 
 import pytest
 import torch
+import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import harness
@@ -51,19 +57,29 @@ def test_every_scalar_is_the_one_logged_before_the_harness(name, tmp_path, monke
 
 
 # ------------------------------------------------------------------------------------ progress, CPU
-def test_progress_prints_a_plain_line_every_30_seconds_when_not_a_terminal(monkeypatch, capsys):
+def test_progress_line_counts_whole_iterations_and_says_what_the_update_is_doing(monkeypatch, capsys):
     clock = [1000.0]
     monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
     progress = harness.Progress(total_steps=1000, start_step=0)
-    for step in range(1, 101):  # one update per second for 100 s, an episode finishing at every one
+    for step in range(1, 21):  # the first rollout: 10 steps a second for 20 s, two episodes ended
         clock[0] += 1.0
-        progress.update(10 * step, [float(step)])
-    progress.close(1000, [100.0])
+        progress.update(10 * step, [1.0, 3.0])
+    progress.set_status("updating: epoch 1/2")  # 20 s in: no line yet
+    clock[0] += 20.0
+    progress.set_status("updating: epoch 2/2")  # 40 s in: the first line, while the first iteration is not over
+    clock[0] += 20.0
+    progress.iteration_done(200)  # 200 steps in 60 s, update included: 3.33 steps a second
+    for step in range(1, 21):  # the second rollout; a line 30 s after the last one, at 70 s and step 300
+        clock[0] += 1.0
+        progress.update(200 + 10 * step, [1.0, 3.0, 5.0])
+    progress.close(400, [1.0, 3.0, 5.0])
     lines = capsys.readouterr().out.splitlines()
-    # at 30, 60 and 90 s, then the final line: step 300 of 1000 after 30 s at 10 steps/s, ETA (700 / 300) * 30 = 70 s
-    assert len(lines) == 4
-    assert lines[0] == "step 300/1,000 (30%)  mean_return 30.00  SPS 10  elapsed 30 s  ETA 70 s"
-    assert lines[-1].startswith("step 1,000/1,000 (100%)  mean_return 100.00")
+    assert lines == [
+        "step 200/1,000 (20%)  mean_return 2.00  in the first iteration  updating: epoch 2/2  elapsed 40 s",
+        # ETA = (1000 - 300) steps / (200 / 60 steps a second) = 210 s
+        "step 300/1,000 (30%)  mean_return 3.00  SPS 3  ETA 210 s  elapsed 70 s",
+        "step 400/1,000 (40%)  mean_return 3.00  SPS 3  ETA 180 s  elapsed 80 s",
+    ]
 
 
 def test_tune_cpu_picks_threads_by_torso():
@@ -82,6 +98,133 @@ def test_tune_cpu_picks_threads_by_torso():
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(before)
+
+
+# ----------------------------------------------------------------------- runs that never lose work
+TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, gamma=0.99, cuda=False)
+SCRIPT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def start_script(tmp_path, *flags):
+    """`python ppo_ewma.py` with the TINY flags in its own process; returns it once its start-up block is out."""
+    command = [sys.executable, os.path.join(SCRIPT_DIR, "ppo_ewma.py")] + [
+        f"--{k.replace('_', '-')}" + ("" if v is False else f" {v}") for k, v in TINY.items() if k != "cuda"]
+    command = " ".join(command).split() + ["--no-cuda", *flags]
+    process = subprocess.Popen(command, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               env=dict(os.environ, OMP_NUM_THREADS="1"))
+    for line in process.stdout:
+        if line.startswith("  saves"):
+            return process
+    raise AssertionError("the script ended before its start-up block")
+
+
+def test_ctrl_c_stops_at_an_iteration_end_with_a_checkpoint_and_says_how_to_resume(tmp_path, monkeypatch):
+    process = start_script(tmp_path, "--total-timesteps", "12800")  # 200 iterations of 64 steps, a few seconds
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    assert process.returncode == 130, out  # 128 + SIGINT, the shell's convention
+    assert "Traceback" not in out
+    assert "SIGINT: stopping at the next iteration end that can be checkpointed" in out
+    stopped, resume = out.splitlines()[-2:]
+    match = re.fullmatch(r"stopped by SIGINT after iteration (\d+) of 200 \(step ([\d,]+)\); checkpoint (\S+)", stopped)
+    assert match, stopped
+    iteration, path = int(match.group(1)), match.group(3)
+    assert resume == f"resume: python ppo_ewma.py --resume {path} --no-cuda"
+    checkpoint = torch.load(tmp_path / path, weights_only=True)
+    assert checkpoint["iteration"] == iteration < 200 and checkpoint["global_step"] == 64 * iteration
+    monkeypatch.chdir(tmp_path)  # the printed command continues the run to its end
+    import ppo_ewma
+
+    result = ppo_ewma.train(tyro.cli(ppo_ewma.Args, args=resume.split()[3:]))
+    assert result["global_step"] == 12800 and os.path.exists(tmp_path / os.path.dirname(path) / "model.pt")
+
+
+def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
+    process = start_script(tmp_path, "--update-epochs", "5000")  # the first iteration's update takes many seconds
+    time.sleep(0.5)
+    process.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    out, _ = process.communicate(timeout=60)
+    assert time.monotonic() - sent < 5 and process.returncode == 130, out
+    assert out.splitlines()[-1] == "SIGINT again: stopping now, without a checkpoint." and "Traceback" not in out
+    assert not glob.glob(str(tmp_path / "runs" / "*" / "*.pt"))
+
+
+def test_the_progress_mean_return_counts_episodes_as_they_end(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import ppo_ewma
+
+    seen = []
+    monkeypatch.setattr(harness.Progress, "update", lambda self, step, returns, force=False: seen.append(
+        (step, len(returns))))
+    ppo_ewma.train(ppo_ewma.Args(**dict(TINY, num_steps=128), total_timesteps=256))
+    # CartPole episodes last 10-40 steps under the random first policy: many end within the one rollout (2 x 128)
+    during = [count for step, count in seen if step < 256]
+    assert during[0] == 0 and during[-1] >= 6
+
+
+def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import ppo_ewma
+
+    saved = []
+    real_save = harness.save_checkpoint
+    monkeypatch.setattr(harness, "save_checkpoint", lambda path, checkpoint: (
+        saved.append((os.path.basename(path), checkpoint["iteration"])), real_save(path, checkpoint)))
+    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=50))
+    assert saved == [("checkpoint.pt", 3), ("model.pt", 3)]  # 50 is never reached; the last iteration is 3
+    saved.clear()
+    ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=0, save_model=False))
+    assert saved == []
+    # --resume of the finished run: nothing to train, and its last checkpoint becomes model.pt
+    checkpoint, model = (os.path.join(result["run_dir"], name) for name in ("checkpoint.pt", "model.pt"))
+    os.remove(model)
+    with pytest.raises(SystemExit) as stop:
+        ppo_ewma.train(ppo_ewma.Args(resume=checkpoint))
+    assert stop.value.code == 0 and open(model, "rb").read() == open(checkpoint, "rb").read()
+    with pytest.raises(SystemExit, match="already finished all 3 iterations; there is nothing to continue"):
+        ppo_ewma.train(ppo_ewma.Args(resume=checkpoint, save_model=False))
+
+
+def test_resume_command_repeats_the_output_flags_that_differ_from_the_defaults():
+    import ppo_ewma
+
+    args = ppo_ewma.Args(cuda=False, save_model=False, checkpoint_every=5)
+    assert harness.resume_command(ppo_ewma.SCRIPT, args, "runs/a b/checkpoint.pt") == (
+        "python ppo_ewma.py --resume 'runs/a b/checkpoint.pt' --no-cuda --no-save-model --checkpoint-every 5")
+
+
+def test_fewer_steps_than_one_iteration_are_refused_before_any_work(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import ppo_ewma
+
+    with pytest.raises(SystemExit, match=r"^--total-timesteps 50 is less than one iteration of 64 steps \(--num-envs 2 "
+                                         r"x --num-steps 32\)\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=50))
+    with pytest.raises(SystemExit, match=r"one iteration of 65,536 steps \(--num-envs 256 x --num-steps 256\)"):
+        harness.check_args(ppo_ewma.Args(env_id="CartPole-v1", total_timesteps=100), ppo_ewma.SCRIPT)
+    assert not os.path.exists("runs")
+
+
+def test_a_vector_env_with_the_procgen_sizes_gets_the_cpu_recipe_as_a_suggestion(capsys):
+    import ppo_ewma
+
+    harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1"), ppo_ewma.SCRIPT)
+    (line,) = capsys.readouterr().out.splitlines()
+    recipe = next(r for r in harness.recipes(ppo_ewma.__doc__) if "CartPole-v1" in r)
+    assert line == ("note: --env-id Acrobot-v1 runs with the Procgen sizes (256 envs x 256 steps, gamma 0.999); "
+                    f"the CPU recipe for such envs is: {recipe}")
+    harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_envs=8), ppo_ewma.SCRIPT)  # sizes chosen: quiet
+    harness.suggest_recipe(ppo_ewma.Args(), ppo_ewma.SCRIPT)  # Procgen
+    assert capsys.readouterr().out == ""
+
+
+def test_recipes_are_read_from_a_docstring_with_their_continuation_lines():
+    doc = "Title.\n\n    python a.py --x 1   # a comment\n    python a.py --y 2 \\\n        --z 3   # more\nText.\n"
+    assert harness.recipes(doc) == ["python a.py --x 1", "python a.py --y 2 --z 3"]
 
 
 if __name__ == "__main__" and sys.argv[1:] == ["--record"]:

@@ -2,6 +2,7 @@
 import dataclasses
 import glob
 import math
+import os
 import time
 from typing import Optional
 
@@ -169,7 +170,8 @@ def test_check_args_stops_when_the_auxiliary_buffer_does_not_fit(monkeypatch):
     # 32 * 256 * 256 samples * (12288 obs + 4 target + 15 * 4 logits bytes) = 25,904,021,504 B = 24.1 GiB
     with pytest.raises(SystemExit, match=r"24\.1 GiB.*1\.0 GiB.*--n-pi, --num-envs or --num-steps"):
         harness.check_args(Args(), ppg_ewma.SCRIPT)
-    harness.check_args(Args(n_pi=2, num_envs=16, num_steps=64, aux_minibatch_size=64), ppg_ewma.SCRIPT)  # 2048 * 12352 B = 24 MiB fits
+    # 2048 * 12352 B = 24 MiB fits
+    harness.check_args(Args(n_pi=2, num_envs=16, num_steps=64, aux_minibatch_size=64), ppg_ewma.SCRIPT)
 
 
 def test_every_numeric_flag_has_a_range():
@@ -217,7 +219,8 @@ def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, c
 
 def test_check_args_rejects_an_aux_minibatch_size_that_does_not_divide_the_phase():
     with pytest.raises(SystemExit, match="--aux-minibatch-size"):
-        harness.check_args(Args(env_id="CartPole-v1", num_envs=4, num_steps=32, n_pi=2, aux_minibatch_size=48), ppg_ewma.SCRIPT)
+        harness.check_args(Args(env_id="CartPole-v1", num_envs=4, num_steps=32, n_pi=2, aux_minibatch_size=48),
+                           ppg_ewma.SCRIPT)
     with pytest.raises(SystemExit, match="--env-id"):
         harness.check_args(Args(env_id="NoSuchEnv-v0"), ppg_ewma.SCRIPT)
 
@@ -328,7 +331,8 @@ def test_official_init_of_both_procgen_networks():
         seen = set()
         for name, module in net.named_modules():
             if isinstance(module, (nn.Conv2d, nn.Linear)):
-                scale = 6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv") else 1.4 if name.endswith("fc") else 0.1
+                scale = (6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv")
+                         else 1.4 if name.endswith("fc") else 0.1)
                 norms = torch.linalg.vector_norm(module.weight.flatten(1), dim=1)
                 torch.testing.assert_close(norms, torch.full_like(norms, scale), atol=1e-6, rtol=0)
                 assert torch.all(module.bias == 0), name
@@ -354,7 +358,8 @@ def test_kl_objective_runs_for_the_fig_2_reference_line(tmp_path, monkeypatch):
         return real(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio)
 
     monkeypatch.setattr(ppg_ewma, "decoupled_kl_loss", spy)
-    result = train(tiny_args(env_id="CartPole-v1", total_timesteps=2 * 4 * 32, objective="kl", kl_coef=1 / 256, ewma=False))
+    result = train(tiny_args(env_id="CartPole-v1", total_timesteps=2 * 4 * 32, objective="kl", kl_coef=1 / 256,
+                             ewma=False))
     assert len(seen) == 4  # 2 iterations x 2 minibatches
     assert all(coef == 1 / 256 for coef, _ in seen)
     assert seen[0][1] < 1e-6  # the first step of an iteration: pi = pi_prox = pi_behav, so KL = 0
@@ -408,9 +413,10 @@ def test_checkpoints_are_written_at_the_first_phase_end_after_every_k_iterations
     # N_pi = 2, 6 iterations, --checkpoint-every 3: phases end at 2, 4, 6; the phase 3-4 reaches 3, 5-6 reaches 6
     monkeypatch.chdir(tmp_path)
     saved = []
-    monkeypatch.setattr(harness, "save_checkpoint", lambda path, checkpoint: saved.append(checkpoint["iteration"]))
+    monkeypatch.setattr(harness, "save_checkpoint",
+                        lambda path, checkpoint: saved.append((os.path.basename(path), checkpoint["iteration"])))
     ppg_ewma.train(tiny_args(env_id="CartPole-v1", total_timesteps=6 * 128, checkpoint_every=3))
-    assert saved == [4, 6]
+    assert saved == [("checkpoint.pt", 4), ("checkpoint.pt", 6), ("model.pt", 6)]  # the last iteration: both
 
 
 class Killed(Exception):
@@ -469,4 +475,5 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     lines = out.splitlines()
     assert lines[0].startswith("PPG and PPG-EWMA") and "Phasic policy gradient" in lines[0]
     assert lines[4] == "  steps      512 in 4 iterations of 128 (4 envs x 32 steps), phases of 2"
-    assert len(lines) == 6 and lines[5].startswith("step 512/512 (100%)")
+    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert len(lines) == 7 and lines[6].startswith("step 512/512 (100%)")

@@ -384,4 +384,5 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[1:5] == ["  env        Pendulum-v1", "  device     cpu (--no-cuda)",
                           f"  run dir    {result['run_dir']}",
                           "  steps      256 in 2 iterations of N = 128 (2 actors x 64 steps); M = 32, L = 2"]
-    assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")
+    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert len(lines) == 7 and lines[6].startswith("step 256/256 (100%)")

@@ -35,7 +35,8 @@ def test_compute_gae_across_episode_boundary():
     rewards = torch.tensor([[1.0, 0.0], [2.0, 0.0], [3.0, 1.0]])
     values = torch.tensor([[0.5, 0.0], [1.0, 0.0], [1.5, 0.0]])
     dones = torch.tensor([[0.0, 0.0], [0.0, 0.0], [1.0, 0.0]])
-    advantages, returns = compute_gae(rewards, values, dones, torch.tensor([2.0, 5.0]), torch.tensor([0.0, 1.0]), 0.9, 0.8)
+    next_value, next_done = torch.tensor([2.0, 5.0]), torch.tensor([0.0, 1.0])
+    advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, 0.9, 0.8)
     torch.testing.assert_close(advantages, torch.tensor([[2.12, 0.5184], [1.0, 0.72], [3.3, 1.0]]))
     # returns = advantages + values
     torch.testing.assert_close(returns, torch.tensor([[2.62, 0.5184], [2.0, 0.72], [4.8, 1.0]]))
@@ -335,7 +336,8 @@ def test_reward_normalizer_two_envs_four_steps():
     # gamma 0.5; env 0 starts a new episode at obs 2 (dones[2] = 1), env 1 has none. R_t = r_t + 0.5 (1 - d_t) R_{t-1}
     #   env 0: rewards 1, 2, 3, 0 -> R = 1, 2 + 0.5*1 = 2.5, 3 (restart), 0 + 0.5*3 = 1.5
     #   env 1: rewards 2, 0, 4, 8 -> R = 2, 0 + 0.5*2 = 1, 4 + 0.5*1 = 4.5, 8 + 0.5*4.5 = 10.25
-    # the 8 returns: mean 25.75/8 = 3.21875, E[R^2] = 148.8125/8 = 18.6015625, var = 18.6015625 - 3.21875^2 = 8.2412109375
+    # the 8 returns: mean 25.75/8 = 3.21875, E[R^2] = 148.8125/8 = 18.6015625,
+    # var = 18.6015625 - 3.21875^2 = 8.2412109375
     # merged with the prior (count 1e-4, mean 0, var 1): (1e-4*1 + 8*8.2412109375 + 3.21875^2 * 1e-4*8/8.0001) / 8.0001
     #   = 8.2412499..., so the std is sqrt(8.24125 + 1e-8) = 2.8707577
     rewards = torch.tensor([[1.0, 2.0], [2.0, 0.0], [3.0, 4.0], [0.0, 8.0]])
@@ -385,7 +387,8 @@ def test_minibatch_indices_time_chunks_when_more_minibatches_than_envs():
     assert [mb.tolist() for mb in minibatches] == [[1, 3], [5, 7], [0, 2], [4, 6]]
 
 
-@pytest.mark.parametrize("num_steps, num_envs, num_minibatches", [(4, 4, 2), (8, 1, 4), (256, 1, 8), (6, 8, 8), (4, 2, 4)])
+@pytest.mark.parametrize("num_steps, num_envs, num_minibatches",
+                         [(4, 4, 2), (8, 1, 4), (256, 1, 8), (6, 8, 8), (4, 2, 4)])
 def test_minibatch_indices_cover_every_sample_once(num_steps, num_envs, num_minibatches):
     minibatches = ppo_ewma.minibatch_indices(num_steps, num_envs, num_minibatches)
     assert len(minibatches) == num_minibatches
@@ -563,6 +566,8 @@ def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys
     monkeypatch.chdir(tmp_path)
     trained = ppo_ewma.train(Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_CARTPOLE))
     result = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    # named after the checkpoint's run: runs/CartPole-v1__trained__1__<time>__eval__<time>
+    assert os.path.basename(result["run_dir"]).startswith(os.path.basename(trained["run_dir"]) + "__eval__")
     assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])  # CartPole: +1 per step
     assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
     scalars = scalars_with_steps(result["run_dir"])
@@ -578,9 +583,11 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert "\r" not in out
     lines = out.splitlines()
     assert lines[0].startswith("PPO and PPO-EWMA") and "Hilton, Cobbe & Schulman" in lines[0]
-    assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)", f"  run dir    {result['run_dir']}",
+    assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
+                          f"  run dir    {result['run_dir']}",
                           "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
-    assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # many episodes ended: no line for each
+    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert len(lines) == 7 and lines[6].startswith("step 256/256 (100%)")  # many episodes ended: no line for each
 
 
 def test_reward_normalizer_shares_one_estimate_over_workers():

@@ -215,7 +215,8 @@ def test_official_init_of_the_procgen_network():
     seen = set()
     for name, module in ppo_staleness.Agent(ProcgenLike()).named_modules():
         if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
-            scale = 6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv") else 1.4 if name.endswith("fc") else 0.1
+            scale = (6 ** -0.25 if ".res" in name else 1.0 if name.endswith(".conv")
+                     else 1.4 if name.endswith("fc") else 0.1)
             norms = torch.linalg.vector_norm(module.weight.flatten(1), dim=1)
             torch.testing.assert_close(norms, torch.full_like(norms, scale), atol=1e-6, rtol=0)
             assert torch.all(module.bias == 0), name
@@ -322,4 +323,5 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("PPO on artificially stale data") and "Sec. 5.1" in lines[0]
     assert lines[4] == "  steps      384 in 6 iterations of 64 (2 envs x 32 steps), 4 of them trained on"
-    assert len(lines) == 6 and lines[5].startswith("step 384/384 (100%)")
+    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert len(lines) == 7 and lines[6].startswith("step 384/384 (100%)")

@@ -485,8 +485,10 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(m
     lines = out.splitlines()
     assert lines[0].startswith("V-MPO") and "Song et al." in lines[0]
     assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
-                          f"  run dir    {result['run_dir']}", "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
-    assert len(lines) == 6 and lines[5].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each
+                          f"  run dir    {result['run_dir']}",
+                          "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
+    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert len(lines) == 7 and lines[6].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each
 
 
 def test_impala_cnn_has_the_official_init():
