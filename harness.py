@@ -112,6 +112,11 @@ def start(args, script: Script) -> "Run":
     return Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)
 
 
+def plural(count: int, noun: str) -> str:
+    """ "1 iteration", "2 iterations"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
 def title(script: Script) -> str:
     """The docstring's first paragraph on one line: the algorithm and its paper."""
     return " ".join(script.doc.split("\n\n")[0].split())

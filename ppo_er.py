@@ -406,8 +406,8 @@ def check_args(args: Args, observation_space, action_space) -> None:
 def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size."""
     batch_size, minibatch_size, num_iterations = batch_sizes(args)
-    return (f"{num_iterations * batch_size:,} in {num_iterations:,} iterations of N = {batch_size:,} "
-            f"({args.num_envs} actor{'s' if args.num_envs > 1 else ''} x {args.num_steps} steps); "
+    return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of N = {batch_size:,} "
+            f"({harness.plural(args.num_envs, 'actor')} x {args.num_steps} steps); "
             f"M = {minibatch_size}, L = {args.replay_batches}")
 
 

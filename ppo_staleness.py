@@ -617,7 +617,7 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size (args: this worker's)."""
     batch_size, _, num_iterations = batch_sizes(args, world_size)
     last_iteration = count_iterations(args, world_size, checkpoint)
-    return (f"{last_iteration * batch_size:,} in {last_iteration:,} iterations of {batch_size:,} "
+    return (f"{last_iteration * batch_size:,} in {harness.plural(last_iteration, 'iteration')} of {batch_size:,} "
             f"({args.num_envs * world_size} envs x {args.num_steps} steps), {num_iterations:,} of them trained on")
 
 

@@ -631,7 +631,7 @@ def check_args(args: Args, observation_space, action_space) -> None:
 def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size."""
     batch_size, _, num_iterations = batch_sizes(args)
-    return (f"{num_iterations * batch_size:,} in {num_iterations:,} iterations of {batch_size:,} "
+    return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of {batch_size:,} "
             f"({args.num_envs} envs x {args.num_steps} steps)")
 
 
