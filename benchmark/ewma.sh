@@ -30,5 +30,5 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --window 0.2 --out "$ROOT/docs/ewma.png" \
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --window 0.2 --out "$ROOT/docs/img/ewma.png" \
   --title "PPO vs PPO-EWMA, PPG vs PPG-EWMA (Acrobot-v1, default batch)"

@@ -41,8 +41,8 @@ mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
 plot() { python "$ROOT/benchmark/plot.py" "$OUT/runs" --window 0.2 --divisor-regex '_c(\d+)$' "$@"; }
-plot --group "__(all_c\d+)__\d+__\d+$" --out "$ROOT/docs/invariance_all.png" --title "PPG-EWMA, all adjustments: batch / c"
+plot --group "__(all_c\d+)__\d+__\d+$" --out "$ROOT/docs/img/invariance_all.png" --title "PPG-EWMA, all adjustments: batch / c"
 for ablation in no-adam-adj no-advnorm-adj no-ewma-adj ppg linear-lr ppo-ewma-e1; do
-  plot --group "__(${ablation}_c\d+)__\d+__\d+$" --out "$ROOT/docs/invariance_$ablation.png" --title "$ablation: batch / c"
+  plot --group "__(${ablation}_c\d+)__\d+__\d+$" --out "$ROOT/docs/img/invariance_$ablation.png" --title "$ablation: batch / c"
 done
 plot --group "__([a-z0-9-]+_c\d+)__\d+__\d+$" --pivot '^([a-z0-9-]+)_(c\d+)$'

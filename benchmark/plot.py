@@ -10,7 +10,7 @@ last `--window` fraction of its steps, then mean +- std over seeds.
 batch divisor c form a family, and the table gives each family's final return at the largest batch
 (smallest c) minus the one at the smallest batch (largest c): the loss from shrinking the batch.
 
-    python benchmark/plot.py benchmark/runs/invariance --out docs/invariance.png \\
+    python benchmark/plot.py benchmark/runs/invariance --out docs/img/invariance.png \\
         --group '__(.+)__\\d+__\\d+$' --divisor-regex '_c(\\d+)$' --title 'PPG-EWMA, Acrobot-v1'
 """
 import argparse

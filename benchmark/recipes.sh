@@ -25,5 +25,5 @@ mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
 python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
-  --out "$ROOT/docs/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1"
+  --out "$ROOT/docs/img/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1"
 python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppg-ewma)__\d+__\d+$" --threshold 475

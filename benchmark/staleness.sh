@@ -4,7 +4,7 @@
 # Procgen setting (SCALE=paper: 16 games x 4 seeds, 100M steps each; a GPU job, k = 32 needs ~27 GB of RAM).
 # k = 0 runs once per seed: the three objectives are the same run there (a test checks it).
 # Cost here (2 CPU cores, 2026-11-22, one run at a time): 57 runs of about 10 s, 10 minutes of wall-clock.
-# Then: docs/staleness_{recent,decoupled,behavior}.png and the tables printed by benchmark/plot.py.
+# Then: docs/img/staleness_{recent,decoupled,behavior}.png and the tables printed by benchmark/plot.py.
 # `bash benchmark/staleness.sh --list` prints the runs, one per line, for a cluster scheduler.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -31,6 +31,6 @@ export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
 for objective in recent decoupled behavior; do
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__grid_(${objective}_k\d+|decoupled_k0)__\d+__\d+$" --window 0.2 \
-    --out "$ROOT/docs/staleness_$objective.png" --title "PPO on stale data, objective: $objective (CartPole-v1)"
+    --out "$ROOT/docs/img/staleness_$objective.png" --title "PPO on stale data, objective: $objective (CartPole-v1)"
 done
 python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__grid_(\w+_k\d+)__\d+__\d+$" --window 0.2 --pivot "^(\w+)_(k\d+)$"
