@@ -11,10 +11,12 @@ JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/ewma"
 
 if [ "$SCALE" = cpu ]; then
-  base="--env-id Acrobot-v1 --num-envs 64 --num-steps 32 --gamma 0.99 --total-timesteps 80000"
+  env=Acrobot-v1
+  base="--env-id $env --num-envs 64 --num-steps 32 --gamma 0.99 --total-timesteps 80000"
   ppg="$base --n-pi 4 --aux-minibatch-size 256"
 else
-  base="--env-id starpilot"
+  env=starpilot
+  base="--env-id $env"
   ppg="$base"
 fi
 runs() {
@@ -30,5 +32,6 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --window 0.2 --out "$ROOT/docs/img/ewma.png" \
-  --title "PPO vs PPO-EWMA, PPG vs PPG-EWMA (Acrobot-v1, default batch)"
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__(.+)__\d+__\d+$" --window 0.2 \
+  --out "$ROOT/docs/img/ewma.png" --title "PPO vs PPO-EWMA, PPG vs PPG-EWMA ($env, default batch)" \
+  --label '^ppo$=PPO' --label '^ppo-ewma$=PPO-EWMA' --label '^ppg$=PPG' --label '^ppg-ewma$=PPG-EWMA'

@@ -185,7 +185,7 @@ MARKERS = ["o", "s", "^", "D", "v", "x", "P", "*"]
 
 def caption(tag, width, seeds, threshold):
     """What a curve is, in words, under the plot."""
-    what = "per-episode returns" if tag == "charts/episodic_return" else f"{tag} as logged"
+    what = "per-episode returns" if tag == "charts/episodic_return" else f"values of {tag}"
     seeds_text = f"{seeds[0]} seeds" if len(set(seeds)) == 1 else "seeds (count in the legend)"
     lines = [f"Curve: {what} binned by {width:,.0f} env steps, mean over {seeds_text}; band: ±1 std over seeds."]
     if threshold is not None:

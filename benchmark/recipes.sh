@@ -24,6 +24,8 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
-  --out "$ROOT/docs/img/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1"
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppg-ewma)__\d+__\d+$" --threshold 475
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
+  --out "$ROOT/docs/img/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1" \
+  --label '^ppo-ewma$=8 envs x 128 steps, whole trajectories (the recipe)' \
+  --label '-shuffled$=8 envs x 128 steps, shuffled samples' --label '-16x64$=16 envs x 64 steps, whole trajectories'
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppg-ewma)__\d+__\d+$" --threshold 475

@@ -30,9 +30,15 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | while read -r run; do /usr/bin/time -a -o wall_clock.txt -f "%e $run" sh -c "$run > /dev/null 2>&1"; done
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(one_process|two_workers|four_workers|one_worker_c4)__\d+__\d+$" \
+if [ "$SCALE" = cpu ]; then
+  env=CartPole-v1 labels=(--label '^one_process$=1 process x 8 envs' --label '^two_workers$=2 torchrun workers x 4 envs')
+else
+  env=starpilot labels=(--label '^one_process$=1 process x 256 envs' --label '^four_workers$=4 torchrun workers x 64 envs'
+    --label '^one_worker_c4$=1 process x 64 envs (--batch-divisor 4)')
+fi
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__(one_process|two_workers|four_workers|one_worker_c4)__\d+__\d+$" \
   --window 0.1 --out "$ROOT/docs/img/torchrun_$([ "$SCALE" = cpu ] && echo cartpole || echo starpilot).png" \
-  --title "PPO-EWMA: one process vs torchrun workers, same total batch"
+  --title "PPO-EWMA: one process vs torchrun workers, same total batch ($env)" "${labels[@]}"
 python - "$ROOT" "$OUT" <<'EOF'
 import glob, os, re, sys
 import numpy as np
