@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fig. 4 in miniature: PPO vs PPO-EWMA and PPG vs PPG-EWMA at the default batch size, 3 seeds each.
+# Fig. 4 in miniature: PPO vs PPO-EWMA and PPG vs PPG-EWMA at the default batch size, 3 seeds each (paper: 4).
 # SCALE=cpu (default): the base config of benchmark/invariance.sh (Acrobot-v1, 64 envs x 32 steps, 80k
 # steps; PPO with the paper's 3 epochs). SCALE=paper: Procgen starpilot hard, the paper's defaults (GPU).
 # Cost here (2 CPU cores, 2026-11-22, JOBS=2): 12 runs, 1 minute of wall-clock.
@@ -11,16 +11,16 @@ JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/ewma"
 
 if [ "$SCALE" = cpu ]; then
-  env=Acrobot-v1
+  env=Acrobot-v1 seeds="1 2 3"
   base="--env-id $env --num-envs 64 --num-steps 32 --gamma 0.99 --total-timesteps 80000"
   ppg="$base --n-pi 4 --aux-minibatch-size 256"
 else
-  env=starpilot
+  env=starpilot seeds="1 2 3 4"  # the paper's Fig. 4: 4 seeds
   base="--env-id $env"
   ppg="$base"
 fi
 runs() {
-  for seed in 1 2 3; do
+  for seed in $seeds; do
     echo "python $ROOT/ppo_ewma.py $base --seed $seed --exp-name ppo-ewma"
     echo "python $ROOT/ppo_ewma.py $base --seed $seed --exp-name ppo --no-ewma"
     echo "python $ROOT/ppg_ewma.py $ppg --seed $seed --exp-name ppg-ewma"
