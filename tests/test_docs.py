@@ -40,6 +40,15 @@ def test_every_relative_link_exists(page):
     assert dead_links(page) == []
 
 
+def test_the_docs_pages_are_there_and_linked():
+    # the pages SPEC.md's layout names, each linked from the README, so the check above covers real links
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme_targets = link_targets(f.read())
+    for page in ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er", "running", "torchrun", "speed",
+                 "benchmarks"]:
+        assert f"docs/{page}.md" in [t.split("#")[0] for t in readme_targets]
+
+
 def test_a_dead_link_is_reported(tmp_path):
     (tmp_path / "page.md").write_text("text")
     (tmp_path / "img").mkdir()
