@@ -4,7 +4,8 @@
 # comparison, and with 16 envs x 64 steps (same batch); PPG-EWMA's recipe. The tables give the return over
 # the last 10% of steps and each seed's first step where the 100-episode mean reaches 450 (PPO) or 475 (PPG).
 # SCALE is cpu only: these are the laptop recipes.
-# Cost here (2 CPU cores, 2026-11-22, JOBS=2): 12 runs, 2.2 minutes of wall-clock.
+# Cost here (2 CPU cores, 2026-11-22): 12 runs, 2.2 minutes of wall-clock with JOBS=2; 3.8 minutes with JOBS=1
+# beside other runs on the machine.
 # `bash benchmark/recipes.sh --list` prints the runs, one per line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
