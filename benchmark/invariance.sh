@@ -16,11 +16,13 @@ JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/invariance"
 
 if [ "$SCALE" = cpu ]; then
-  base="--env-id Acrobot-v1 --num-envs 64 --num-steps 32 --gamma 0.99 --total-timesteps 80000"
+  env=Acrobot-v1 envs=64
+  base="--env-id $env --num-envs $envs --num-steps 32 --gamma 0.99 --total-timesteps 80000"
   ppg="$base --n-pi 4 --aux-minibatch-size 256"
   divisors="1 4 16 64"
 else
-  base="--env-id starpilot"
+  env=starpilot envs=256
+  base="--env-id $env"
   ppg="$base"
   divisors="1 4 16 64 256"
 fi
@@ -40,9 +42,20 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+labels=()  # "c = 4 (16 envs)": the batch divisor and the envs it leaves
+for c in $divisors; do n=$((envs / c)); labels+=(--label "_c$c\$=c = $c ($n env$([ $n = 1 ] || echo s))"); done
 plot() { python "$ROOT/benchmark/plot.py" "$OUT/runs" --window 0.2 --divisor-regex '_c(\d+)$' "$@"; }
-plot --group "__(all_c\d+)__\d+__\d+$" --out "$ROOT/docs/invariance_all.png" --title "PPG-EWMA, all adjustments: batch / c"
-for ablation in no-adam-adj no-advnorm-adj no-ewma-adj ppg linear-lr ppo-ewma-e1; do
-  plot --group "__(${ablation}_c\d+)__\d+__\d+$" --out "$ROOT/docs/invariance_$ablation.png" --title "$ablation: batch / c"
+for variant in all no-adam-adj no-advnorm-adj no-ewma-adj ppg linear-lr ppo-ewma-e1; do
+  case $variant in
+    all) what="PPG-EWMA, all adjustments" ;;
+    no-adam-adj) what="PPG-EWMA without the Adam step-size adjustment" ;;
+    no-advnorm-adj) what="PPG-EWMA without the advantage-normalization adjustment" ;;
+    no-ewma-adj) what="PPG-EWMA without the EWMA adjustment" ;;
+    ppg) what="PPG (no EWMA), other adjustments" ;;
+    linear-lr) what="PPG-EWMA, linear step-size rule (Fig. 5)" ;;
+    ppo-ewma-e1) what="PPO-EWMA with one policy epoch" ;;
+  esac
+  plot --group "^${env}__(${variant}_c\d+)__\d+__\d+$" --out "$ROOT/docs/img/invariance_$variant.png" \
+    --title "$what: batch / c ($env)" "${labels[@]}"
 done
-plot --group "__([a-z0-9-]+_c\d+)__\d+__\d+$" --pivot '^([a-z0-9-]+)_(c\d+)$'
+plot --group "^${env}__([a-z0-9-]+_c\d+)__\d+__\d+$" --pivot '^([a-z0-9-]+)_(c\d+)$'

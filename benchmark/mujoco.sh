@@ -43,7 +43,9 @@ runs | unfinished | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
 for env in HalfCheetah Hopper; do
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 \
-    --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps"
+    --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps" \
+    --label '-L1$=PPO (L = 1)' --label '-L2$=PPO-ER (L = 2)'
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}-v5__(ppo-(?:no-)?ewma)__\d+__\d+$" --window 0.1 \
-    --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_ewma_$env.png" --title "PPO vs PPO-EWMA, $env-v5, 1M steps"
+    --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_ewma_$env.png" --title "PPO vs PPO-EWMA, $env-v5, 1M steps" \
+    --label '^ppo-no-ewma$=PPO' --label '^ppo-ewma$=PPO-EWMA'
 done

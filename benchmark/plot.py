@@ -4,19 +4,23 @@ Runs are grouped into variants by a regular expression over their directory name
 (`{env_id}__{exp_name}__{seed}__{time}`); its first group names the variant (default: the exp_name).
 For every variant it draws the mean over seeds of the episodic return against environment steps, with a
 band of +-1 std over seeds, and prints a Markdown table of the final return: each seed's mean over the
-last `--window` fraction of its steps, then mean +- std over seeds.
+last `--window` fraction of its steps, then mean +- std over seeds. `--label REGEX=TEXT` names a variant in
+the legend; a caption under the plot says what a curve is. The runs of one variant must share an env id
+(the run directory's name starts with it): a pattern that would average CartPole with starpilot is refused.
 
 `--divisor-regex` turns on the Fig. 3 measure of the paper: variants whose names differ only in the
 batch divisor c form a family, and the table gives each family's final return at the largest batch
 (smallest c) minus the one at the smallest batch (largest c): the loss from shrinking the batch.
 
-    python benchmark/plot.py benchmark/runs/invariance --out docs/invariance.png \\
-        --group '__(.+)__\\d+__\\d+$' --divisor-regex '_c(\\d+)$' --title 'PPG-EWMA, Acrobot-v1'
+    python benchmark/plot.py benchmark/runs/invariance/runs --out docs/img/invariance_all.png \\
+        --group '__(all_c\\d+)__\\d+__\\d+$' --divisor-regex '_c(\\d+)$' --title 'PPG-EWMA, Acrobot-v1' \\
+        --label '_c1$=c = 1 (64 envs)' --label '_c4$=c = 4 (16 envs)'
 """
 import argparse
 import glob
 import os
 import re
+import textwrap
 import warnings
 from collections import defaultdict
 
@@ -49,6 +53,42 @@ def group_runs(run_dirs, pattern):
     return {name: groups[name] for name in sorted(groups, key=natural_key)}
 
 
+def check_one_env_per_variant(groups, pattern):
+    """Stop when a variant holds runs of different env ids: their mean would mix unrelated returns."""
+    for name, dirs in groups.items():
+        env_ids = sorted({os.path.basename(os.path.normpath(d)).split("__")[0] for d in dirs})
+        if len(env_ids) > 1:
+            raise SystemExit(f"--group {pattern!r} puts runs of different envs ({', '.join(env_ids)}) into the "
+                             f"variant {name!r}; anchor the pattern on one env id, e.g. '^{env_ids[0]}__(...)'.")
+
+
+def parse_labels(rules):
+    """["REGEX=TEXT", ...] -> [(compiled REGEX, TEXT)]; TEXT may use the match's groups (\\1)."""
+    parsed = []
+    for rule in rules:
+        regex, sep, text = rule.partition("=")
+        if not sep or not regex:
+            raise SystemExit(f"--label {rule!r} is not REGEX=TEXT.")
+        parsed.append((re.compile(regex), text))
+    return parsed
+
+
+def legend_label(name, labels):
+    """TEXT of the first rule whose REGEX matches the variant's name (re.search), else the name itself."""
+    for regex, text in labels:
+        match = regex.search(name)
+        if match:
+            return match.expand(text)
+    return name
+
+
+def bin_width(max_step, num_bins):
+    """A round width (1, 2 or 5 x 10^k steps) near max_step / num_bins, so the caption can name it."""
+    raw = max(max_step / num_bins, 1.0)
+    candidates = [m * 10.0 ** e for e in range(int(np.log10(raw)) - 1, int(np.log10(raw)) + 2) for m in (1, 2, 5)]
+    return min(candidates, key=lambda w: abs(np.log(w / raw)))
+
+
 def binned_curve(steps, values, edges):
     """Mean of the values whose step falls in each bin [edges[i], edges[i+1]); nan for an empty bin."""
     which = np.digitize(steps, edges) - 1
@@ -64,7 +104,8 @@ def final_return(steps, values, window):
 
 def summarize(groups, tag, window):
     """{variant: per-seed final returns, as an array}."""
-    return {name: np.array([final_return(*read_scalars(d, tag), window) for d in dirs]) for name, dirs in groups.items()}
+    return {name: np.array([final_return(*read_scalars(d, tag), window) for d in dirs])
+            for name, dirs in groups.items()}
 
 
 def number(x):
@@ -78,7 +119,8 @@ def mean_std(x):
 
 def final_table(finals, window, tag="charts/episodic_return"):
     quantity = "return" if tag == "charts/episodic_return" else tag
-    lines = [f"| variant | seeds | {quantity}, last {window:.0%} of steps: mean +- std over seeds |", "|---|---:|---:|"]
+    lines = [f"| variant | seeds | {quantity}, last {window:.0%} of steps: mean +- std over seeds |",
+             "|---|---:|---:|"]
     lines += [f"| {name} | {len(x)} | {mean_std(x)} |" for name, x in finals.items()]
     return "\n".join(lines)
 
@@ -113,7 +155,8 @@ def pivot_table(finals, pivot_regex):
     cols.sort(key=natural_key)
     lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in rows:
-        lines.append(f"| {row} | " + " | ".join(mean_std(cells[row, col]) if (row, col) in cells else "" for col in cols) + " |")
+        row_cells = [mean_std(cells[row, col]) if (row, col) in cells else "" for col in cols]
+        lines.append(f"| {row} | " + " | ".join(row_cells) + " |")
     return "\n".join(lines)
 
 
@@ -129,38 +172,74 @@ def invariance_table(finals, divisor_regex):
              "|---|---|---:|---:|---:|"]
     for family, by_c in families.items():
         large, small = by_c[min(by_c)], by_c[max(by_c)]
-        stderr = np.sqrt(sum(np.var(x, ddof=1) / len(x) for x in (large, small))) if min(len(large), len(small)) > 1 else np.nan
+        stderr = (np.sqrt(sum(np.var(x, ddof=1) / len(x) for x in (large, small)))
+                  if min(len(large), len(small)) > 1 else np.nan)
         lines.append(f"| {family} | {min(by_c)}-{max(by_c)} | {np.mean(large):.1f} | {np.mean(small):.1f} | "
                      f"{np.mean(large) - np.mean(small):.1f} +- {stderr:.1f} |")
     return "\n".join(lines)
 
 
-def plot(groups, tag, out, title, num_bins=40):
+LINE_STYLES = ["-", "--", ":", "-."]
+MARKERS = ["o", "s", "^", "D", "v", "x", "P", "*"]
+
+
+def caption(tag, width, seeds, threshold):
+    """What a curve is, in words, under the plot."""
+    what = "per-episode returns" if tag == "charts/episodic_return" else f"values of {tag}"
+    seeds_text = f"{seeds[0]} seeds" if len(set(seeds)) == 1 else "seeds (count in the legend)"
+    lines = [f"Curve: {what} binned by {width:,.0f} env steps, mean over {seeds_text}; band: ±1 std over seeds."]
+    if threshold is not None:
+        lines.append(f"Dotted line: {threshold:g}. Ticks: where each seed's 100-episode running mean first reaches "
+                     f"{threshold:g} (later than the binned curve).")
+    return "\n".join(textwrap.fill(line, 125) for line in lines)
+
+
+def plot(groups, tag, out, title, labels=(), threshold=None, num_bins=40):
+    """Write the PNG; return its legend entries and caption."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter
 
     curves = {name: [read_scalars(d, tag) for d in dirs] for name, dirs in groups.items()}
     max_step = max(steps.max() for runs in curves.values() for steps, _ in runs if len(steps))
-    edges = np.linspace(0, max_step, num_bins + 1)
+    width = bin_width(max_step, num_bins)
+    edges = np.arange(int(max_step // width) + 2) * width
     centres = (edges[:-1] + edges[1:]) / 2
-    fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=100)
-    for name, runs in curves.items():
+    seeds = [len(runs) for runs in curves.values()]
+    text = caption(tag, width, seeds, threshold)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0 + 0.14 * text.count("\n")), dpi=100)
+    for i, (name, runs) in enumerate(curves.items()):
         per_seed = np.array([binned_curve(steps, values, edges) for steps, values in runs])
         with warnings.catch_warnings():  # a bin with no episode in any seed stays nan: a gap in the line
             warnings.simplefilter("ignore", RuntimeWarning)
             mean, std = np.nanmean(per_seed, axis=0), np.nanstd(per_seed, axis=0)
-        ax.plot(centres, mean, label=f"{name} ({len(runs)})")
-        ax.fill_between(centres, mean - std, mean + std, alpha=0.2)
+        count = f" ({len(runs)} seed{'s' if len(runs) > 1 else ''})" if len(set(seeds)) > 1 else ""
+        label = legend_label(name, labels) + count
+        # curves that end at the same value (500 on CartPole) stay apart: own dash pattern, markers on other bins
+        line, = ax.plot(centres, mean, label=label, linestyle=LINE_STYLES[i % len(LINE_STYLES)],
+                        marker=MARKERS[i % len(MARKERS)], markersize=4, markevery=(i % 4, 4))
+        ax.fill_between(centres, mean - std, mean + std, alpha=0.15, color=line.get_color())
+        if threshold is not None:
+            firsts = [first_step_reaching(steps, values, threshold) for steps, values in runs]
+            firsts = [f for f in firsts if f is not None]
+            ax.plot(firsts, [threshold] * len(firsts), linestyle="none", marker="|", markersize=12,
+                    markeredgewidth=2, color=line.get_color())
+    if threshold is not None:
+        ax.axhline(threshold, color="grey", linestyle=":", linewidth=1)
+    ax.xaxis.set_major_formatter(EngFormatter(sep=""))  # 50k, 1M
     ax.set_xlabel("environment steps")
-    ax.set_ylabel(f"{tag.split('/')[-1].replace('_', ' ')} (mean, +-1 std over seeds)")
+    ax.set_ylabel(tag.split("/")[-1].replace("_", " "))
     ax.set_title(title)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
+    ax.legend(fontsize=8)
+    fig.text(0.01, 0.01, text, fontsize=7, va="bottom")
+    fig.tight_layout(rect=(0, 0.045 * (text.count("\n") + 1), 1, 1))
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     fig.savefig(out)
+    legend = [entry.get_text() for entry in ax.get_legend().get_texts()]
     plt.close(fig)
+    return legend, text
 
 
 def main(argv=None):
@@ -175,10 +254,15 @@ def main(argv=None):
                         "last 100 values reaches this")
     parser.add_argument("--out", help="PNG to write (no plot without it)")
     parser.add_argument("--title", default="")
+    parser.add_argument("--label", action="append", default=[], metavar="REGEX=TEXT",
+                        help="legend text of the variants whose name REGEX matches (repeatable; the first match wins; "
+                        "TEXT may use REGEX's groups as \\1)")
     args = parser.parse_args(argv)
+    labels = parse_labels(args.label)
     groups = group_runs(glob.glob(os.path.join(args.runs, "*", "")), args.group)
     if not groups:
         raise SystemExit(f"no run directory under {args.runs} matches --group {args.group!r}")
+    check_one_env_per_variant(groups, args.group)
     finals = summarize(groups, args.tag, args.window)
     groups = {name: dirs for name, dirs in groups.items() if not np.all(np.isnan(finals[name]))}  # tag logged
     finals = {name: finals[name] for name in groups}
@@ -195,7 +279,7 @@ def main(argv=None):
         print()
         print(invariance_table(finals, args.divisor_regex))
     if args.out:
-        plot(groups, args.tag, args.out, args.title)
+        plot(groups, args.tag, args.out, args.title, labels, args.threshold)
 
 
 if __name__ == "__main__":

@@ -23,5 +23,6 @@ export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
 for env in Pendulum HalfCheetah; do
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}-v\d+__(L\d)__\d+__\d+$" --window 0.2 \
-    --out "$ROOT/docs/ppo_er_$env.png" --title "PPO (L1) vs PPO-ER (L2), $env"
+    --out "$ROOT/docs/img/ppo_er_$env.png" --title "PPO vs PPO-ER, $env, $steps steps" \
+    --label '^L1$=PPO (L = 1)' --label '^L2$=PPO-ER (L = 2)'
 done

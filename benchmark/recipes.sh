@@ -4,7 +4,8 @@
 # comparison, and with 16 envs x 64 steps (same batch); PPG-EWMA's recipe. The tables give the return over
 # the last 10% of steps and each seed's first step where the 100-episode mean reaches 450 (PPO) or 475 (PPG).
 # SCALE is cpu only: these are the laptop recipes.
-# Cost here (2 CPU cores, 2026-11-22, JOBS=2): 12 runs, 2.2 minutes of wall-clock.
+# Cost here (2 CPU cores, 2026-11-22): 12 runs, 2.2 minutes of wall-clock with JOBS=2; 3.8 minutes with JOBS=1
+# beside other runs on the machine.
 # `bash benchmark/recipes.sh --list` prints the runs, one per line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -24,6 +25,8 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
-  --out "$ROOT/docs/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1"
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(ppg-ewma)__\d+__\d+$" --threshold 475
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
+  --out "$ROOT/docs/img/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1" \
+  --label '^ppo-ewma$=8 envs x 128 steps, whole trajectories (the recipe)' \
+  --label '-shuffled$=8 envs x 128 steps, shuffled samples' --label '-16x64$=16 envs x 64 steps, whole trajectories'
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppg-ewma)__\d+__\d+$" --threshold 475

@@ -7,12 +7,12 @@
 # Timings of jobs that run side by side disturb each other: keep JOBS=1 and the machine otherwise idle.
 # SCALE=cpu (default) runs every row; SCALE=paper runs the Procgen rows only (use a GPU machine for those).
 # Cost here (2 CPU cores, 2026-11-22, JOBS=1, idle machine): 17 runs, 9.8 minutes of wall-clock.
+# `bash benchmark/speed.sh --list` prints the runs, one per line (without running them).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-1}
 OUT="$ROOT/benchmark/runs/speed"
-mkdir -p "$OUT" && cd "$OUT"
 
 cartpole="--env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99"
 procgen="--env-id starpilot --distribution-mode easy --num-envs 64 --num-steps 256 --total-timesteps 16384"
@@ -41,11 +41,14 @@ ppo_er.halfcheetah.L1       python $ROOT/ppo_er.py --env-id HalfCheetah-v5 --tot
 ROWS
 }
 
+if [ "${1:-}" = --list ]; then rows | sed -E 's/^[^ ]+ +//'; exit 0; fi
+
 run_row() {  # label command...: the command's output to label.log, its wall and CPU seconds to label.time
   label=$1; shift
   /usr/bin/time -f "%e %U %S" -o "$label.time" "$@" > "$label.log" 2>&1
 }
 export -f run_row
+mkdir -p "$OUT" && cd "$OUT"
 rows | xargs -P "$JOBS" -L 1 bash -c 'run_row "$@"' _
 
 echo "| run | steps | SPS (script) | wall-clock s | CPU s (user + sys) |"

@@ -5,7 +5,7 @@
 # envs (4 GPUs), 1 process x 256 envs (1 GPU) and the paper's 1-worker run (--batch-divisor 4): a GPU job.
 # Cost here (2 CPU cores, OMP_NUM_THREADS=1, one run at a time, 2026-11-22): 6 runs, 2.4 minutes of wall-clock
 # (16 s per one-process run, 30 s per 2-worker run).
-# Then: docs/torchrun_cartpole.png, benchmark/plot.py's final-return table, and per run: the step where the mean of
+# Then: docs/img/torchrun_cartpole.png, benchmark/plot.py's final-return table, and per run: the step where the mean of
 # the last 100 episodes first reached 450, that mean at the end, wall-clock seconds and steps per second.
 # `bash benchmark/torchrun.sh --list` prints the runs, one per line, for a cluster scheduler.
 set -euo pipefail
@@ -30,9 +30,15 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | while read -r run; do /usr/bin/time -a -o wall_clock.txt -f "%e $run" sh -c "$run > /dev/null 2>&1"; done
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "__(one_process|two_workers|four_workers|one_worker_c4)__\d+__\d+$" \
-  --window 0.1 --out "$ROOT/docs/torchrun_$([ "$SCALE" = cpu ] && echo cartpole || echo starpilot).png" \
-  --title "PPO-EWMA: one process vs torchrun workers, same total batch"
+if [ "$SCALE" = cpu ]; then
+  env=CartPole-v1 labels=(--label '^one_process$=1 process x 8 envs' --label '^two_workers$=2 torchrun workers x 4 envs')
+else
+  env=starpilot labels=(--label '^one_process$=1 process x 256 envs' --label '^four_workers$=4 torchrun workers x 64 envs'
+    --label '^one_worker_c4$=1 process x 64 envs (--batch-divisor 4)')
+fi
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__(one_process|two_workers|four_workers|one_worker_c4)__\d+__\d+$" \
+  --window 0.1 --out "$ROOT/docs/img/torchrun_$([ "$SCALE" = cpu ] && echo cartpole || echo starpilot).png" \
+  --title "PPO-EWMA: one process vs torchrun workers, same total batch ($env)" "${labels[@]}"
 python - "$ROOT" "$OUT" <<'EOF'
 import glob, os, re, sys
 import numpy as np

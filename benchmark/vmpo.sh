@@ -27,9 +27,13 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT" && cd "$OUT"
 export OMP_NUM_THREADS=1
 runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-plot() { python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^([A-Za-z]+)-v\d+__vmpo__\d+__\d+$" --window 0.2 "$@"; }
-plot --out "$ROOT/docs/vmpo_return.png" --title "V-MPO: episodic return"
+plot() {  # one variant per env; the labels name its action space
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^([A-Za-z]+)-v\d+__vmpo__\d+__\d+$" --window 0.2 \
+    --label '^CartPole$=CartPole-v1 (discrete)' --label '^Pendulum$=Pendulum-v1 (continuous)' \
+    --label '^HalfCheetah$=HalfCheetah-v5 (continuous)' "$@"
+}
+plot --out "$ROOT/docs/img/vmpo_return.png" --title "V-MPO: episodic return"
 for tag in kl/policy kl/mean kl/std kl/temperature; do  # each KL next to its bound (printed: the table)
-  plot --tag "$tag" --out "$ROOT/docs/vmpo_${tag#kl/}.png" --title "V-MPO: $tag (mean over the run's iterations)"
+  plot --tag "$tag" --out "$ROOT/docs/img/vmpo_${tag#kl/}.png" --title "V-MPO: $tag (its bound: the table)"
   plot --tag "${tag}_bound" | tail -n +3
 done

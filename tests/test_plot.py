@@ -79,3 +79,45 @@ def test_first_step_reaching_a_threshold():
     assert plot.first_step_reaching(steps, values, 20.0, episodes=2) == 100
     assert plot.first_step_reaching(steps, values, 14.0, episodes=2) == 50
     assert plot.first_step_reaching(steps, values, 26.0, episodes=2) is None
+
+
+def test_legend_labels_replace_the_variant_slugs(runs):
+    # a_c1 matches the first rule; a_c4 only the second, whose \1 is the divisor from the name
+    groups = plot.group_runs([str(p) for p in runs.iterdir()], r"__(.+)__\d+__\d+$")
+    labels = plot.parse_labels([r"_c1$=c = 1 (64 envs)", r"_c(\d+)$=c = \1"])
+    legend, caption = plot.plot(groups, "charts/episodic_return", str(runs / "curves.png"), "t", labels)
+    assert legend == ["c = 1 (64 envs)", "c = 4"]
+    # both variants have 2 seeds: the count is said once, in the caption, not as "(2)" in the legend
+    assert "mean over 2 seeds" in caption
+    assert plot.legend_label("b_c16", labels) == "c = 16" and plot.legend_label("other", labels) == "other"
+    with pytest.raises(SystemExit, match="REGEX=TEXT"):
+        plot.parse_labels(["no equals sign"])
+
+
+def test_unequal_seed_counts_go_into_the_legend(runs):
+    write_run(runs, "CartPole-v1__b_c1__1__104", [(0, 5), (100, 5)])  # variant b_c1 has one seed, a_c1 two
+    groups = plot.group_runs([str(p) for p in runs.iterdir()], r"__(\w_c1)__\d+__\d+$")
+    legend, _ = plot.plot(groups, "charts/episodic_return", str(runs / "curves.png"), "t")
+    assert legend == ["a_c1 (2 seeds)", "b_c1 (1 seed)"]
+
+
+def test_caption_says_what_a_curve_and_the_threshold_are():
+    # 200,704 steps / 40 bins = 5,017.6 steps, rounded to the nearest of 1, 2, 5 x 10^k: 5,000
+    width = plot.bin_width(200_704, 40)
+    assert width == 5000
+    text = plot.caption("charts/episodic_return", width, [3, 3, 3], 450).replace("\n", " ")
+    assert "Curve: per-episode returns binned by 5,000 env steps, mean over 3 seeds" in text
+    assert "±1 std over seeds" in text
+    assert "where each seed's 100-episode running mean first reaches 450 (later than the binned curve)" in text
+
+
+def test_runs_of_different_envs_in_one_variant_are_refused(tmp_path, capsys):
+    # the default --group names a variant by exp_name alone: "speed" would average CartPole with starpilot
+    write_run(tmp_path, "CartPole-v1__speed__1__100", [(0, 10), (100, 500)])
+    write_run(tmp_path, "starpilot__speed__1__101", [(0, 2), (100, 3)])
+    with pytest.raises(SystemExit, match=r"different envs \(CartPole-v1, starpilot\) into the variant 'speed'"):
+        plot.main([str(tmp_path)])
+    assert capsys.readouterr().out == ""  # refused before any table is printed
+    # one env per variant is fine, even when the variants are different envs (vmpo.sh groups by env)
+    plot.main([str(tmp_path), "--group", r"^([A-Za-z]+)(?:-v\d+)?__speed__\d+__\d+$"])
+    assert "| CartPole | 1 | 500.0 |" in capsys.readouterr().out

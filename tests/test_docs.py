@@ -1,0 +1,72 @@
+"""The docs' links: every relative link and image path in README.md and docs/*.md names a file that exists."""
+import glob
+import os
+import re
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAGES = [os.path.join(ROOT, "README.md")] + sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
+FENCED_BLOCK = re.compile(r"^ *(```|~~~).*?^ *\1", re.M | re.S)
+CODE_SPAN = re.compile(r"`[^`\n]*`")
+LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")  # [text](target "title"), ![alt](...)
+HTML_LINK = re.compile(r"<(?:img|a)\b[^>]*?\b(?:src|href)=\"([^\"]+)\"")
+
+
+def link_targets(markdown):
+    """Targets of the Markdown links, images and HTML img/a tags, outside code blocks and code spans."""
+    prose = CODE_SPAN.sub("", FENCED_BLOCK.sub("", markdown))
+    return LINK.findall(prose) + HTML_LINK.findall(prose)
+
+
+def dead_links(markdown_path):
+    """The relative targets in a Markdown file that name no existing file or folder, resolved from the file's
+    own folder; web links and pure #anchors are skipped, a #fragment is ignored."""
+    with open(markdown_path, encoding="utf-8") as f:
+        targets = link_targets(f.read())
+    folder = os.path.dirname(os.path.abspath(markdown_path))
+    dead = []
+    for target in targets:
+        path = target.split("#", 1)[0]
+        if not path or re.match(r"^[a-z][a-z0-9+.-]*:", path, re.I):  # #anchor, https:, mailto:
+            continue
+        if not os.path.exists(os.path.join(folder, path)):
+            dead.append(target)
+    return dead
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_relative_link_exists(page):
+    assert dead_links(page) == []
+
+
+def test_the_docs_pages_are_there_and_linked():
+    # the pages SPEC.md's layout names, each linked from the README, so the check above covers real links
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        readme_targets = link_targets(f.read())
+    for page in ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er", "running", "torchrun", "speed",
+                 "benchmarks"]:
+        assert f"docs/{page}.md" in [t.split("#")[0] for t in readme_targets]
+
+
+def test_a_dead_link_is_reported(tmp_path):
+    (tmp_path / "page.md").write_text("text")
+    (tmp_path / "img").mkdir()
+    (tmp_path / "img" / "curve.png").write_bytes(b"png")
+    doc = tmp_path / "doc.md"
+    doc.write_text(
+        "[a page](page.md) and [a section of it](page.md#part), ![a plot](img/curve.png)\n"
+        "[the web](https://example.com/missing.md), [here](#results), [mail](mailto:a@b.c)\n"
+        "![gone](img/missing.png) and [moved](old/page.md#part \"a title\") and <img src=\"img/lost.png\">\n"
+        "`[in code](ghost.md)`\n"
+        "```\n[in a block](ghost.md)\n```\n"
+    )
+    assert dead_links(doc) == ["img/missing.png", "old/page.md#part", "img/lost.png"]
+
+
+def test_the_readme_shows_the_ci_test_command():
+    # .ci/run runs exactly the README's test command: the README keeps it on a code line of its own
+    with open(os.path.join(ROOT, ".ci", "run"), encoding="utf-8") as f:
+        assert "python -m pytest" in f.read().splitlines()
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert "python -m pytest" in [line.strip() for line in f]
