@@ -127,7 +127,7 @@ def saves_note(args, world_size: int) -> str:
     if world_size > 1 or every == 0:
         checkpoints = "no checkpoint.pt" + (" (torchrun)" if world_size > 1 and every is None else "")
     else:
-        cadence = f"every {every} iterations" if every else f"every {CHECKPOINT_MINUTES} minutes"
+        cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
         checkpoints = f"checkpoint.pt {cadence} and at the end"
     return checkpoints + (", model.pt at the end" if args.save_model else "")
 
@@ -708,7 +708,7 @@ def evaluate(args, script: Script) -> dict:
     if args.capture_video:
         check_video_dependency()
     checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = script.args_type(**checkpoint["args"])
+    run_args = script.run_args(script.args_type(**checkpoint["args"]))  # as the run trained
     if args.capture_video:
         check_rendering(run_args.env_id, script.procgen_games)
     check_writable("runs")

@@ -18,6 +18,7 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -62,7 +63,8 @@ class Args:
     """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
 
     env_id: str = "starpilot"
-    """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
+    """a Procgen game, or a Gymnasium env with vector observations and discrete (CartPole-v1) or continuous
+    (Pendulum-v1, HalfCheetah-v5) actions"""
     distribution_mode: Literal["easy", "hard"] = "hard"
     """Procgen difficulty (the paper: hard)"""
     num_levels: int = 0
@@ -107,18 +109,35 @@ class Args:
     """clipping parameter epsilon"""
     kl_coef: float = 1.0
     """KL penalty beta for --objective kl (not in this paper: 1 is the fixed beta of PPG's KL variant)"""
-    ent_coef: float = 0.01
-    """entropy coefficient"""
+    ent_coef: Optional[float] = None
+    """entropy coefficient; default: 0.01 for discrete actions (the paper), 0 for continuous ones (the PPO paper's
+    MuJoCo setting)"""
     vf_coef: float = 0.5
     """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     max_is_ratio: float = 100.0
     """cap on the importance weight pi/pi_behav (Appendix B)"""
+    norm_obs: Optional[bool] = None
+    """normalize each env's vector observations by running statistics, then clip them to +-10; default: on for
+    continuous actions (as ppo_er.py and vmpo.py), off for discrete ones (the paper feeds Procgen pixels / 255)"""
     norm_adv: bool = True
     """normalize advantages with EWMA estimates of their mean and std"""
     adv_norm_span: float = 1.0
     """span of the advantage mean/std EWMA, in iterations (1: this iteration's batch only)"""
+
+    target_kl: Optional[float] = None
+    """stop the iteration's remaining epochs at the first minibatch whose k3 estimate of KL[pi_behav || pi],
+    (r - 1) - log r with r = pi/pi_behav, exceeds this, checked before its step (skrl's kl_threshold); off by default"""
+    clip_vloss: bool = False
+    """clip the value loss around the rollout's values: max of the plain and the clipped squared error (PPO2
+    baselines, CleanRL; skrl instead replaces the prediction by the clipped one), clip range --clip-coef"""
+    lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
+    """multiplies the step size (after --batch-divisor's adjustment): constant (the paper); linear to 0 over the
+    run (PPO paper, CleanRL's --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the
+    epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]"""
+    lr_kl_target: float = 0.008
+    """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
 
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
@@ -202,16 +221,24 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
 
 
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train()).
+
+    --norm-obs normalizes each env's observations inside the autoreset, so that info["final_obs"] is normalized
+    too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10.
+    """
     if args.env_id in PROCGEN_GAMES:
         envs = ProcgenVecEnv(
             args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed,
             render_mode,
         )
     else:
+        # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
+        clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
+                       observation_space=None)
         envs = gym.make_vec(
-            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, render_mode=render_mode,
+            args.env_id, num_envs=args.num_envs, vectorization_mode="sync", render_mode=render_mode,
+            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+            wrappers=[gym.wrappers.NormalizeObservation, clip] if args.norm_obs else None,
         )
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
@@ -277,12 +304,31 @@ class ImpalaCNN(nn.Module):
         return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
 
 
+def mlp(in_dim, out_dim, out_std):
+    return nn.Sequential(
+        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, 64)), nn.Tanh(),
+        layer_init(nn.Linear(64, out_dim), std=out_std),
+    )
+
+
 class Agent(nn.Module):
-    """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads."""
+    """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
+    Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for the mean of a diagonal Gaussian policy and
+    for the value, and a state-independent log-std.
+
+    The policy's parameters pi are [B, P]: categorical logits, or the Gaussian's mean and log-std side by side."""
 
     def __init__(self, envs):
         super().__init__()
-        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+        obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
+        self.continuous = isinstance(action_space, gym.spaces.Box)
+        if self.continuous:
+            obs_dim, action_dim = int(np.prod(obs_shape)), int(np.prod(action_space.shape))
+            self.actor_mean, self.critic = mlp(obs_dim, action_dim, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
+            self.actor_log_std = nn.Parameter(torch.zeros(action_dim))  # log sigma, one per action dim
+            return
+        num_actions = action_space.n
         if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
             self.torso = ImpalaCNN(obs_shape[-1])
             self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
@@ -294,13 +340,19 @@ class Agent(nn.Module):
             self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
             self.critic = layer_init(nn.Linear(64, 1), std=1.0)
 
-    def get_logits(self, obs):
+    def get_pi(self, obs):
+        if self.continuous:
+            mean = self.actor_mean(obs)
+            return torch.cat([mean, self.actor_log_std.expand_as(mean)], dim=-1)
         return self.actor(self.torso(obs))
 
     def get_value(self, obs):
-        return self.critic(self.torso(obs)).squeeze(-1)
+        return self.critic(obs if self.continuous else self.torso(obs)).squeeze(-1)
 
     def forward(self, obs):
+        """(pi, V(s))."""
+        if self.continuous:
+            return self.get_pi(obs), self.get_value(obs)
         hidden = self.torso(obs)
         return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
@@ -355,6 +407,46 @@ def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_rati
 def value_loss(values, returns):
     """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
     return ((values - returns) ** 2).mean()
+
+
+def clipped_value_loss(values, old_values, returns, clip_coef):
+    """--clip-vloss: mean of max((V - V_targ)^2, (V_clip - V_targ)^2), V_clip = V_old + clip(V - V_old, -eps, eps),
+    as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
+    clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
+    return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+
+
+def gaussian_log_prob(actions, mean, log_std):
+    """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
+    return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std):
+    """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
+    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
+    """KL[p || q] of diagonal Gaussians per sample, summed over action dims: all [B, A], returns [B].
+
+    KL = sum of log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2.
+    """
+    var_ratio = torch.exp(2 * (log_std_p - log_std_q))  # sigma_p^2 / sigma_q^2
+    return (log_std_q - log_std_p + 0.5 * (var_ratio + (mean_p - mean_q) ** 2 / torch.exp(2 * log_std_q)) - 0.5).sum(-1)
+
+
+def linear_schedule(initial, iteration, num_iterations):
+    """initial * (1 - (iteration - 1) / num_iterations): 1 in the first iteration (1-based), 1/J in the last."""
+    return initial * max(0.0, 1.0 - (iteration - 1) / num_iterations)
+
+
+def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, lr_factor=1.5):
+    """skrl's KLAdaptiveLR rule, with its defaults: the step size after an epoch whose mean KL was `kl`."""
+    if kl > kl_target * kl_factor:
+        return max(lr / lr_factor, min_lr)
+    if kl < kl_target / kl_factor:
+        return min(lr * lr_factor, max_lr)
+    return lr
 
 
 @torch.no_grad()
@@ -462,9 +554,13 @@ def epoch_minibatches(args: Args) -> list:
     return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
-def log_prob_and_entropy(logits, actions):
-    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
-    log_probs = torch.log_softmax(logits, dim=-1)
+def log_prob_and_entropy(pi, actions, continuous=False):
+    """log pi(a|s) of `actions` and the entropy, both [B]; pi [B, P]: categorical logits, or Gaussian mean and
+    log-std side by side."""
+    if continuous:
+        mean, log_std = pi.chunk(2, dim=-1)
+        return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
+    log_probs = torch.log_softmax(pi, dim=-1)
     logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
     return logp, -(log_probs.exp() * log_probs).sum(-1)
 
@@ -475,15 +571,28 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+def policy_kl(pi_p, pi_q, continuous=False):
+    """Per-sample KL[p || q] between two policies' parameters (see log_prob_and_entropy), [B]."""
+    return gaussian_kl(*pi_p.chunk(2, dim=-1), *pi_q.chunk(2, dim=-1)) if continuous else categorical_kl(pi_p, pi_q)
+
+
+def sample_actions(pi, continuous=False):
+    """a ~ pi(.|s) for each row of pi, without a device sync."""
+    if continuous:
+        mean, log_std = pi.chunk(2, dim=-1)
+        return mean + log_std.exp() * torch.randn_like(mean)
+    return torch.distributions.Categorical(logits=pi, validate_args=False).sample()
+
+
 @torch.no_grad()
-def logits_in_chunks(model, obs, chunk_size):
-    """model.get_logits(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
+def pi_in_chunks(model, obs, chunk_size):
+    """model.get_pi(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
 
     Why, on CPU: it bounds a pass's memory to 64 frames' activations (16 MiB per layer) and is no slower.
     Here a 2048-frame pass took 1.21 s at once and 1.09 s in chunks of 64 on one thread, about the same on
     two (2.83 s at once before keep_freed_memory, when each large buffer was page-faulted in again).
     """
-    return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
+    return torch.cat([model.get_pi(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
 def train(args: Args) -> dict:
@@ -493,7 +602,7 @@ def train(args: Args) -> dict:
     args, envs, device, writer = run.args, run.envs, run.device, run.writer  # args: batch divisor applied
     batch_size, minibatch_size, num_iterations = batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see pi_in_chunks
     if args.batch_divisor != 1:
         changes = harness.hyperparameter_changes(run.command_args, apply_batch_divisor(run.command_args))
         print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
@@ -510,14 +619,19 @@ def train(args: Args) -> dict:
                                  betas=(args.adam_beta1, args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
-    num_actions = envs.single_action_space.n
+    continuous, action_space = agent.continuous, envs.single_action_space
+    if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
+        action_low = torch.as_tensor(action_space.low, device=device)
+        action_high = torch.as_tensor(action_space.high, device=device)
 
-    # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
-    obs_shape = envs.single_observation_space.shape
+    # rollout storage; observations are uint8 for Procgen (4x smaller than float), float32 otherwise
+    obs_dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
+    obs_shape, action_shape = envs.single_observation_space.shape, action_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # --no-ewma --objective kl
+    action_dtype = torch.float32 if continuous else torch.long
+    actions = torch.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_dtype, device=device)
+    pi_size = 2 * int(np.prod(action_shape)) if continuous else action_space.n
+    behav_pis = torch.zeros((args.num_steps, args.num_envs, pi_size), device=device)  # --no-ewma --objective kl
     behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
     rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
     bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
@@ -534,17 +648,20 @@ def train(args: Args) -> dict:
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
+        if args.lr_schedule == "linear":
+            optimizer.param_groups[0]["lr"] = linear_schedule(args.learning_rate, iteration, num_iterations)
         bootstraps.zero_()
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                step_logits, values[step] = agent(next_obs)
-            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
-            actions[step], logits[step] = action, step_logits
-            behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
+                step_pi, values[step] = agent(next_obs)
+            action = sample_actions(step_pi, continuous)
+            actions[step], behav_pis[step] = action, step_pi
+            behav_logps[step] = log_prob_and_entropy(step_pi, action, continuous)[0]
 
-            next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
+            env_action = torch.clamp(action, action_low, action_high) if continuous else action
+            next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
             # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
             truncated_only = np.flatnonzero(truncated & ~terminated)
@@ -566,7 +683,7 @@ def train(args: Args) -> dict:
                                           args.gamma, args.gae_lambda)
 
         b_obs = obs.reshape((-1,) + obs_shape)
-        b_actions, b_logits = actions.reshape(-1), logits.reshape(-1, num_actions)
+        b_actions, b_behav_pis = actions.reshape((-1,) + action_shape), behav_pis.reshape(-1, pi_size)
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
@@ -574,27 +691,38 @@ def train(args: Args) -> dict:
             b_advantages = adv_moments.normalize(b_advantages)
 
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
+        gradient_steps = 0
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
+            epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step: --target-kl, kl-adaptive step size
             for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
-                mb_obs, mb_advantages, mb_behav_logp = b_obs[mb_inds], b_advantages[mb_inds], b_behav_logps[mb_inds]
-                new_logits, new_value = agent(mb_obs)
-                new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
+                mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
+                mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
+                new_pi, new_value = agent(mb_obs)
+                new_logp, entropy = log_prob_and_entropy(new_pi, mb_actions, continuous)
+                with torch.no_grad():
+                    behav_logratio = new_logp - mb_behav_logp
+                    epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
+                if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
+                    break
                 if ewma_agent is not None:  # pi_prox: one forward pass of the EWMA network
-                    prox_logits = logits_in_chunks(ewma_agent, mb_obs, prox_chunk_size)
-                    prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
+                    prox_pi = pi_in_chunks(ewma_agent, mb_obs, prox_chunk_size)
+                    prox_logp = log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
                 else:
-                    prox_logits, prox_logp = b_logits[mb_inds], mb_behav_logp
+                    prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
 
                 if args.objective == "clip":
                     pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
                                                   args.clip_coef, args.max_is_ratio)
                 else:
-                    kl = categorical_kl(prox_logits, new_logits)  # KL[pi_prox || pi]
+                    kl = policy_kl(prox_pi, new_pi, continuous)  # KL[pi_prox || pi]
                     pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
                                                 args.max_is_ratio)
-                v_loss = value_loss(new_value, b_returns[mb_inds])
+                if args.clip_vloss:
+                    v_loss = clipped_value_loss(new_value, b_values[mb_inds], b_returns[mb_inds], args.clip_coef)
+                else:
+                    v_loss = value_loss(new_value, b_returns[mb_inds])
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
@@ -608,19 +736,28 @@ def train(args: Args) -> dict:
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
+                gradient_steps += 1
                 if ewma_agent is not None:
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
 
                 with torch.no_grad():
-                    logratio, behav_logratio = new_logp - prox_logp, new_logp - mb_behav_logp
+                    logratio = new_logp - prox_logp
                     for name, value in (
                         ("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
                         ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
-                        ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
+                        ("approx_kl_behav", epoch_kls[-1]),
                         ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
                         ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
                     ):
                         stats[name].append(value.detach())
+            if args.lr_schedule == "kl-adaptive":  # skrl: after every epoch, from the epoch's mean KL
+                lr = optimizer.param_groups[0]["lr"]
+                optimizer.param_groups[0]["lr"] = kl_adaptive_lr(lr, torch.stack(epoch_kls).mean().item(),
+                                                                 args.lr_kl_target)
+            if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
+                break  # --target-kl: the remaining epochs are skipped
+        if args.target_kl is not None:
+            writer.add_scalar("charts/update_epochs_run", gradient_steps / args.num_minibatches, global_step)
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
@@ -643,17 +780,23 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
     "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]", "kl_coef": "[0, inf)", "ent_coef": "[0, inf)",
     "vf_coef": "[0, inf)", "max_grad_norm": "(0, inf)", "max_is_ratio": "(1, inf]", "adv_norm_span": "[1, inf)",
-    "ewma_com": "[0, inf)", "batch_divisor": "[1, inf)",
+    "target_kl": "(0, inf)", "lr_kl_target": "(0, inf)", "ewma_com": "[0, inf)", "batch_divisor": "[1, inf)",
 }
 
 
 def check_args(args: Args, observation_space, action_space) -> None:
     """This script's own checks of the command line's Args, the batch-divisor adjustments included."""
+    if args.norm_obs and len(observation_space.shape) != 1:
+        raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
     adjusted = apply_batch_divisor(args)
     harness.check_minibatches(adjusted.num_steps, adjusted.num_envs, adjusted.num_minibatches, adjusted.shuffle_samples)
-    # obs, action (int64), logits; behaviour log-prob, reward, bootstrap, done, value, advantage, return, scaled reward
-    sample_bytes = (math.prod(observation_space.shape) * observation_space.dtype.itemsize + 8
-                    + 4 * (action_space.n + 8))
+    # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
+    # scaled reward
+    continuous = isinstance(action_space, gym.spaces.Box)
+    obs_bytes = math.prod(observation_space.shape) * (1 if observation_space.dtype == np.uint8 else 4)
+    action_bytes = 4 * math.prod(action_space.shape) if continuous else 8
+    sample_bytes = obs_bytes + action_bytes + 4 * ((3 * math.prod(action_space.shape) if continuous else action_space.n)
+                                                   + 7)
     harness.check_memory(adjusted.num_envs * adjusted.num_steps * sample_bytes, args.cuda, "The rollout buffers",
                          "--num-envs or --num-steps")
 
@@ -672,22 +815,32 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
     return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
 
 
+def run_args(args: Args) -> Args:
+    """The Args a run trains with: the defaults that depend on the action type filled in, the batch divisor applied."""
+    continuous = isinstance(harness.env_spaces(args.env_id, PROCGEN_GAMES)[1], gym.spaces.Box)
+    return apply_batch_divisor(dataclasses.replace(
+        args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
+        norm_obs=continuous if args.norm_obs is None else args.norm_obs))
+
+
 def acting_policy(args: Args, envs, models: dict, device):
-    """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> sampled actions."""
+    """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> sampled env actions
+    (clipped to the bounds for continuous actions, as in training)."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+    obs_dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
+    space = envs.single_action_space
 
     @torch.no_grad()
     def act(obs):
-        logits = agent.get_logits(torch.as_tensor(obs, dtype=obs_dtype, device=device))
-        return torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
+        action = sample_actions(agent.get_pi(torch.as_tensor(obs, dtype=obs_dtype, device=device)), agent.continuous)
+        return np.clip(action.cpu().numpy(), space.low, space.high) if agent.continuous else action.cpu().numpy()
     return act
 
 
 SCRIPT = harness.Script(
-    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
-    run_args=apply_batch_divisor, worker_share=worker_share, procgen_games=PROCGEN_GAMES,
+    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe, run_args=run_args,
+    worker_share=worker_share, procgen_games=PROCGEN_GAMES, actions="any",
 )
 
 if __name__ == "__main__":

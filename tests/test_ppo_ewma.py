@@ -201,7 +201,10 @@ def test_every_numeric_flag_has_a_range():
     ({"batch_divisor": 0}, "--batch-divisor"),
     ({"num_minibatches": 3}, "--num-minibatches 3"),
     ({"env_id": "NoSuchEnv-v0"}, "--env-id 'NoSuchEnv-v0'"),
-    ({"env_id": "Pendulum-v1"}, "--env-id Pendulum-v1 has Box"),  # continuous actions
+    ({"env_id": "Blackjack-v1"}, "--env-id Blackjack-v1 has Tuple"),  # observations that are not a vector
+    ({"env_id": "starpilot", "norm_obs": True}, "--norm-obs needs vector observations"),
+    ({"target_kl": 0.0}, "--target-kl"),
+    ({"lr_kl_target": -1.0}, "--lr-kl-target"),
     ({"gae_lambda": 2.0}, "--gae-lambda"),
     ({"gamma": 1.5}, "--gamma"),
     ({"reward_norm_gamma": 1.5}, "--reward-norm-gamma"),
@@ -230,9 +233,9 @@ def test_every_numeric_flag_has_a_range():
 ])
 def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, change, flag):
     monkeypatch.chdir(tmp_path)
-    args = dataclasses.replace(Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2), **change)
+    args = Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=16)
     with pytest.raises(SystemExit, match=flag):
-        ppo_ewma.train(args)
+        ppo_ewma.train(dataclasses.replace(args, **change))
     assert not (tmp_path / "runs").exists()  # refused before any work
 
 
@@ -327,8 +330,8 @@ def test_logits_in_chunks_gives_the_same_numbers_as_one_pass():
                                "single_action_space": ppo_ewma.gym.spaces.Discrete(15)})()
     agent = ppo_ewma.Agent(envs)
     obs = torch.randint(0, 256, (10, 64, 64, 3), dtype=torch.uint8)
-    chunked = ppo_ewma.logits_in_chunks(agent, obs, chunk_size=4)  # chunks of 4, 4 and 2 rows
-    torch.testing.assert_close(chunked, agent.get_logits(obs), rtol=0, atol=1e-6)
+    chunked = ppo_ewma.pi_in_chunks(agent, obs, chunk_size=4)  # chunks of 4, 4 and 2 rows
+    torch.testing.assert_close(chunked, agent.get_pi(obs), rtol=0, atol=1e-6)
     assert not chunked.requires_grad
 
 
@@ -491,7 +494,7 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     ewma_agent = ppo_ewma.Agent(envs)
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4], [1.0, 0.5, -0.5, 0.0]])
-    agent.get_logits(obs).sum().backward()
+    agent.get_pi(obs).sum().backward()
     optimizer.step()
     reward_normalizer, adv_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     reward_normalizer(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
@@ -506,12 +509,12 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     loaded = harness.load_checkpoint(path, "--resume", ppo_ewma.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_ewma = ppo_ewma.Agent(envs), ppo_ewma.Agent(envs)
-    assert not torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
+    assert not torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
     harness.restore_run(loaded, {"agent": fresh, "ewma_agent": fresh_ewma}, {"optimizer": fresh_optimizer}, envs,
                          [], torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer, "advantages": fresh_moments})
-    assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
+    assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
     assert loaded["ewma_weight"] == 2.5
     # each env's discounted return R: [1, 2] after step 0, then [3 + 0.99 * 1, 4 + 0.99 * 2] = [3.99, 5.98]
@@ -530,6 +533,9 @@ class Killed(Exception):
 @pytest.mark.parametrize("config", [
     {},  # PPO-EWMA, reward normalization, advantage moments
     {"num_envs": 4, "batch_divisor": 2, "shuffle_samples": True, "update_epochs": 1},  # raw flags are resumed
+    # Box actions: observation statistics in the env stack, the step size adapted inside the optimizer's state
+    {"env_id": "Pendulum-v1", "num_envs": 1, "num_steps": 64, "num_minibatches": 4, "clip_vloss": True,
+     "lr_schedule": "kl-adaptive"},  # one 200-step episode ends in the 4 iterations
 ])
 def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch, config):
     """4 iterations on CartPole. The killed run writes checkpoints every iteration and dies while writing
@@ -605,3 +611,126 @@ def test_reward_normalizer_shares_one_estimate_over_workers():
     assert worker_a.count == pytest.approx(8.0001)  # both workers' 4 returns, once
     torch.testing.assert_close(worker_a.returns, torch.tensor([1.5]))  # its own env's R is not shared
     torch.testing.assert_close(scaled_a, rewards_a / math.sqrt(8.2412499 + 1e-8), atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------------- continuous actions
+def test_gaussian_log_prob_and_entropy_by_hand():
+    actions, mean, log_std = torch.tensor([[0.5, -1.0]]), torch.zeros(1, 2), torch.tensor([[0.0, math.log(2.0)]])
+    # dim 1 (sigma 1): -0.5 * 0.5^2 - 0 - 0.5 log(2 pi) = -0.125 - 0.918939 = -1.043939
+    # dim 2 (sigma 2): -0.5 * (1/2)^2 - log 2 - 0.918939 = -0.125 - 0.693147 - 0.918939 = -1.737086
+    assert ppo_ewma.gaussian_log_prob(actions, mean, log_std).item() == pytest.approx(-2.781025, abs=1e-6)
+    # 0.5 log(2 pi e) = 1.418939 per dim, plus log sigma: 1.418939 + (0.693147 + 1.418939) = 3.531024
+    assert ppo_ewma.gaussian_entropy(log_std).item() == pytest.approx(3.531024, abs=1e-6)
+    logp, entropy = ppo_ewma.log_prob_and_entropy(torch.cat([mean, log_std], -1), actions, continuous=True)
+    assert (logp.item(), entropy.item()) == pytest.approx((-2.781025, 3.531024), abs=1e-6)
+
+
+def test_gaussian_kl_by_hand_and_against_torch():
+    mean_p, log_std_p = torch.tensor([[0.0, 0.3]]), torch.tensor([[0.0, -0.2]])
+    mean_q, log_std_q = torch.tensor([[1.0, 0.3]]), torch.tensor([[math.log(2.0), -0.2]])
+    # dim 1: log(2/1) + (1 + (0 - 1)^2) / (2 * 4) - 1/2 = 0.693147 + 0.25 - 0.5 = 0.443147; dim 2: p == q, 0
+    assert ppo_ewma.gaussian_kl(mean_p, log_std_p, mean_q, log_std_q).item() == pytest.approx(0.443147, abs=1e-6)
+    torch.manual_seed(0)
+    mean_p, mean_q, log_std_p, log_std_q = torch.randn(4, 5, 3).unbind()
+    expected = torch.distributions.kl_divergence(torch.distributions.Normal(mean_p, log_std_p.exp()),
+                                                 torch.distributions.Normal(mean_q, log_std_q.exp())).sum(-1)
+    torch.testing.assert_close(ppo_ewma.gaussian_kl(mean_p, log_std_p, mean_q, log_std_q), expected)
+    assert torch.all(ppo_ewma.gaussian_kl(mean_p, log_std_p, mean_p, log_std_p).abs() < 1e-6)
+
+
+def test_clipped_value_loss_by_hand_with_its_gradient():
+    values = torch.tensor([1.0, 3.0, 0.5], requires_grad=True)
+    old_values, returns = torch.tensor([0.8, 2.0, 0.5]), torch.tensor([2.0, 3.0, 1.0])
+    # V - V_old = [0.2, 1.0, 0.0] -> clipped to [0.2, 0.2, 0.0]: V_clip = [1.0, 2.2, 0.5]
+    # (V - R)^2 = [1, 0, 0.25]; (V_clip - R)^2 = [1, 0.64, 0.25]; max = [1, 0.64, 0.25]; mean 1.89 / 3 = 0.63
+    loss = ppo_ewma.clipped_value_loss(values, old_values, returns, 0.2)
+    assert loss.item() == pytest.approx(0.63)
+    assert ppo_ewma.value_loss(values, returns).item() == pytest.approx(1.25 / 3)  # unclipped: [1, 0, 0.25]
+    loss.backward()
+    # the clipped branch wins for sample 2 and is constant in V there: no gradient; 2 (V - R) / 3 elsewhere
+    torch.testing.assert_close(values.grad, torch.tensor([-2 / 3, 0.0, -1 / 3]))
+
+
+def test_kl_adaptive_step_size_follows_skrl_rule_over_a_sequence():
+    # target 0.008, band [0.004, 0.016]: above divides by 1.5, below multiplies by 1.5, inside keeps
+    lr, seen = 1e-3, []
+    for kl in (0.02, 0.001, 0.01, 0.0001):
+        lr = ppo_ewma.kl_adaptive_lr(lr, kl, 0.008)
+        seen.append(lr)
+    assert seen == pytest.approx([1e-3 / 1.5, 1e-3, 1e-3, 1.5e-3])
+    assert ppo_ewma.kl_adaptive_lr(0.009, 0.0, 0.008) == 0.01  # 0.0135 capped at max_lr 1e-2
+    assert ppo_ewma.kl_adaptive_lr(1e-6, 1.0, 0.008) == 1e-6  # 6.7e-7 held at min_lr 1e-6
+
+
+def test_linear_schedule_goes_from_the_full_step_size_to_one_jth():
+    # J = 4 iterations of 3e-4: alpha = 1, 3/4, 1/2, 1/4
+    assert [ppo_ewma.linear_schedule(3e-4, i, 4) for i in (1, 2, 3, 4)] == pytest.approx([3e-4, 2.25e-4, 1.5e-4, 7.5e-5])
+
+
+def test_target_kl_cuts_the_epochs_and_logs_how_many_ran(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = dict(TINY_CARTPOLE, total_timesteps=128, update_epochs=4, learning_rate=1e-2)
+    # the first minibatch is the behaviour policy itself (KL 0); after one step of size 1e-2 the next one's KL
+    # to pi_behav exceeds 1e-5, so the iteration stops after 1 of its 4 x 2 minibatches: 0.5 epochs
+    stopped = scalars_with_steps(ppo_ewma.train(Args(exp_name="stopped", target_kl=1e-5, **config))["run_dir"])
+    assert [value for _, value in stopped["charts/update_epochs_run"]] == [0.5, 0.5]
+    full = scalars_with_steps(ppo_ewma.train(Args(exp_name="full", target_kl=1e3, **config))["run_dir"])
+    assert [value for _, value in full["charts/update_epochs_run"]] == [4.0, 4.0]
+
+
+def test_learning_rate_schedules_are_logged(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    config = dict(TINY_CARTPOLE, total_timesteps=4 * 64, learning_rate=4e-4)
+    linear = scalars_with_steps(ppo_ewma.train(Args(exp_name="linear", lr_schedule="linear", **config))["run_dir"])
+    assert [v for _, v in linear["charts/learning_rate"]] == pytest.approx([4e-4, 3e-4, 2e-4, 1e-4])
+    # kl-adaptive: 3 epochs per iteration, each multiplies or divides by 1.5 or keeps, within [1e-6, 1e-2]: a power
+    # of 1.5 times 4e-4, or a bound
+    adaptive = scalars_with_steps(ppo_ewma.train(Args(exp_name="kl", lr_schedule="kl-adaptive", **config))["run_dir"])
+    allowed = [4e-4 * 1.5 ** k for k in range(-12, 13)] + [1e-6, 1e-2]
+    values = [value for _, value in adaptive["charts/learning_rate"]]
+    assert all(any(value == pytest.approx(a) for a in allowed) for value in values), values
+    assert len(set(values)) > 1  # it moved
+
+
+def test_defaults_that_depend_on_the_action_type():
+    continuous = ppo_ewma.run_args(Args(env_id="Pendulum-v1"))
+    discrete = ppo_ewma.run_args(Args(env_id="CartPole-v1"))
+    assert (continuous.ent_coef, continuous.norm_obs) == (0.0, True)
+    assert (discrete.ent_coef, discrete.norm_obs) == (0.01, False)  # the paper's; CartPole raw
+    chosen = ppo_ewma.run_args(Args(env_id="Pendulum-v1", ent_coef=0.005, norm_obs=False))
+    assert (chosen.ent_coef, chosen.norm_obs) == (0.005, False)
+
+
+@pytest.mark.parametrize("config", [
+    {},  # PPO-EWMA, clipped decoupled objective
+    {"ewma": False, "objective": "kl", "clip_vloss": True, "target_kl": 0.05, "lr_schedule": "linear"},
+    {"num_envs": 2, "batch_divisor": 2, "adjust_adam_betas": True},
+])
+def test_smoke_pendulum(tmp_path, monkeypatch, config):
+    monkeypatch.chdir(tmp_path)
+    config = dict({"env_id": "Pendulum-v1", "num_envs": 1, "num_steps": 128, "num_minibatches": 4, "cuda": False},
+                  **config)  # 2 iterations of 128 steps: one 200-step episode ends
+    result = ppo_ewma.train(Args(exp_name="pendulum", total_timesteps=256, **config))
+    scalars = scalars_with_steps(result["run_dir"])
+    assert result["global_step"] == 256 and np.isfinite(result["mean_return"])  # 200-step episodes ended
+    for tag in ("losses/policy_loss", "losses/value_loss", "losses/entropy", "losses/approx_kl_behav"):
+        assert len(scalars[tag]) == 2 and all(np.isfinite(v) for _, v in scalars[tag]), tag
+    # the state-independent log-std starts at 0: entropy 1.418939 per action dim (Pendulum has one)
+    assert scalars["losses/entropy"][0][1] == pytest.approx(1.418939, abs=0.02)
+    evaluation = ppo_ewma.train(Args(eval_checkpoint=f"{result['run_dir']}/model.pt", eval_episodes=2, cuda=False))
+    assert len(evaluation["returns"]) == 2 and all(-2000 < r < 0 for r in evaluation["returns"])
+
+
+def test_box_actions_reach_the_env_clipped_while_log_probs_use_the_sampled_action():
+    pi = torch.tensor([[5.0, 0.0]])  # mean 5, log-std 0, far outside Pendulum's bounds [-2, 2]
+    torch.manual_seed(0)
+    action = ppo_ewma.sample_actions(pi, continuous=True)
+    assert action.item() > 2.0  # sampled beyond the bound
+    act = ppo_ewma.acting_policy  # the evaluation policy clips as the training loop does
+    envs = ppo_ewma.make_env(ppo_ewma.run_args(Args(env_id="Pendulum-v1", num_envs=1)))
+    agent = ppo_ewma.Agent(envs)
+    with torch.no_grad():
+        agent.actor_mean[-1].bias.fill_(5.0)
+    actions = act(Args(), envs, {"agent": agent.state_dict()}, torch.device("cpu"))(envs.reset(seed=0)[0])
+    assert actions.shape == (1, 1) and actions.max() <= 2.0
+    envs.close()
