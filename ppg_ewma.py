@@ -385,10 +385,12 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     """
     prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
     behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
-    ratio = torch.exp(new_logp - prox_logp)
-    prox_is_weight = torch.exp(prox_logp - behav_logp)  # pi_prox / pi_behav
-    surrogate = torch.min(ratio * advantages, torch.clamp(ratio, 1 - clip_coef, 1 + clip_coef) * advantages)
-    return -(prox_is_weight * surrogate).mean()
+    # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
+    # exp(clip(log r) + log pi_prox - log pi_behav), so a huge r times a tiny pi_prox/pi_behav cannot overflow
+    clipped_logratio = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
+    surrogate = torch.exp(new_logp - behav_logp) * advantages
+    clipped_surrogate = torch.exp(clipped_logratio + prox_logp - behav_logp) * advantages
+    return -torch.min(surrogate, clipped_surrogate).mean()
 
 
 @torch.no_grad()

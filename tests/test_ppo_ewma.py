@@ -664,7 +664,8 @@ def test_kl_adaptive_step_size_follows_skrl_rule_over_a_sequence():
 
 def test_linear_schedule_goes_from_the_full_step_size_to_one_jth():
     # J = 4 iterations of 3e-4: alpha = 1, 3/4, 1/2, 1/4
-    assert [ppo_ewma.linear_schedule(3e-4, i, 4) for i in (1, 2, 3, 4)] == pytest.approx([3e-4, 2.25e-4, 1.5e-4, 7.5e-5])
+    expected = [3e-4, 2.25e-4, 1.5e-4, 7.5e-5]
+    assert [ppo_ewma.linear_schedule(3e-4, i, 4) for i in (1, 2, 3, 4)] == pytest.approx(expected)
 
 
 def test_target_kl_cuts_the_epochs_and_logs_how_many_ran(tmp_path, monkeypatch):
@@ -734,3 +735,15 @@ def test_box_actions_reach_the_env_clipped_while_log_probs_use_the_sampled_actio
     actions = act(Args(), envs, {"agent": agent.state_dict()}, torch.device("cpu"))(envs.reset(seed=0)[0])
     assert actions.shape == (1, 1) and actions.max() <= 2.0
     envs.close()
+
+
+def test_decoupled_clip_loss_stays_finite_where_r_alone_would_overflow():
+    # seen on Pendulum: an action both pi (log-prob -760) and pi_prox (-850) find far less likely than pi_behav did
+    # (-3.79). r = exp(90) overflows float32 and pi_prox/pi_behav = exp(-846) underflows to 0: inf * 0 = nan. In log
+    # space (the official code's way) pi/pi_behav = exp(-756) and (pi_prox/pi_behav) clip(r) are both ~0.
+    new_logp = torch.tensor([-760.0, math.log(0.5)], requires_grad=True)
+    prox_logp, behav_logp = torch.tensor([-850.0, math.log(0.5)]), torch.tensor([-3.79, math.log(0.5)])
+    loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, torch.tensor([-2.4, 1.0]), 0.2)
+    loss.backward()
+    # sample 2 is on-policy: -(1 * 1.0) / 2 = -0.5; sample 1 adds ~0
+    assert loss.item() == pytest.approx(-0.5) and torch.all(torch.isfinite(new_logp.grad))
