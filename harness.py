@@ -391,13 +391,15 @@ def suggest_recipe(args, script: Script) -> None:
             or (args.num_envs, args.num_steps) != (defaults.num_envs, defaults.num_steps)):
         return
     continuous = isinstance(env_spaces(args.env_id)[1], gym.spaces.Box)
+    candidates = []  # (not this env, command) of the recipes for the same action type
     for command in recipes(script.doc):
         words = shlex.split(command)
         env_id = words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id
         if env_id not in script.procgen_games and isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:
-            print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x {args.num_steps} "
-                  f"steps, gamma {args.gamma}); the CPU recipe for such envs is: {command}")
-            return
+            candidates.append((env_id != args.env_id, command))
+    if candidates:
+        print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x {args.num_steps} "
+              f"steps, gamma {args.gamma}); a recipe for such envs is: {min(candidates)[1]}")
 
 
 # ---------------------------------------------------------------------------- device, CPU, run directory

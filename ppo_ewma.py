@@ -5,13 +5,20 @@ PPO-EWMA keeps an exponentially-weighted moving average (EWMA) of the policy net
 uses it as the proximal policy of the decoupled objectives (Sec. 2, Sec. 4, Appendix A, Algorithm 2);
 the behaviour policy, which collected the data, is used only for importance sampling.
 `--batch-divisor c` divides the batch size by c and adjusts the other hyperparameters so that
-training stays (approximately) the same as a function of environment steps (Sec. 3-4).
+training stays (approximately) the same as a function of environment steps (Sec. 3-4). Discrete actions
+(Procgen, CartPole) and continuous ones (a diagonal Gaussian policy: Pendulum, MuJoCo) both work.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
     python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA and adv-norm spans x4
     python ppo_ewma.py --no-ewma                         # plain PPO (proximal = behaviour policy)
     python ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 \\
-        --total-timesteps 200000                         # learns in minutes on a laptop CPU
+        --total-timesteps 200000                         # CPU recipe: docs/ppo_ewma.md has its time and score
+    python ppo_ewma.py --env-id HalfCheetah-v5 --num-envs 1 --num-steps 2048 --num-minibatches 32 \\
+        --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 \\
+        --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000   # the PPO paper's MuJoCo settings
+    python ppo_ewma.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 \\
+        --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.9 --gae-lambda 0.99 \\
+        --norm-obs False --total-timesteps 300000       # CPU recipe for continuous actions
 """
 import copy
 import dataclasses

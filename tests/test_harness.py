@@ -221,7 +221,12 @@ def test_a_vector_env_with_the_procgen_sizes_gets_the_cpu_recipe_as_a_suggestion
     (line,) = capsys.readouterr().out.splitlines()
     recipe = next(r for r in harness.recipes(ppo_ewma.__doc__) if "CartPole-v1" in r)
     assert line == ("note: --env-id Acrobot-v1 runs with the Procgen sizes (256 envs x 256 steps, gamma 0.999); "
-                    f"the CPU recipe for such envs is: {recipe}")
+                    f"a recipe for such envs is: {recipe}")
+    harness.suggest_recipe(ppo_ewma.Args(env_id="Hopper-v5"), ppo_ewma.SCRIPT)  # continuous: the first Box recipe
+    harness.suggest_recipe(ppo_ewma.Args(env_id="Pendulum-v1"), ppo_ewma.SCRIPT)  # its own recipe first
+    hopper, pendulum = capsys.readouterr().out.splitlines()
+    assert hopper.endswith(next(r for r in harness.recipes(ppo_ewma.__doc__) if "HalfCheetah-v5" in r))
+    assert pendulum.endswith(next(r for r in harness.recipes(ppo_ewma.__doc__) if "Pendulum-v1" in r))
     harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_envs=8), ppo_ewma.SCRIPT)  # sizes chosen: quiet
     harness.suggest_recipe(ppo_ewma.Args(), ppo_ewma.SCRIPT)  # Procgen
     assert capsys.readouterr().out == ""
