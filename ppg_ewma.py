@@ -837,7 +837,7 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size (args: this worker's)."""
     batch_size, _, num_iterations = batch_sizes(args, world_size)
     return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of {batch_size:,} "
-            f"({args.num_envs * world_size} envs x {args.num_steps} steps), phases of {args.n_pi}")
+            f"({harness.plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps), phases of {args.n_pi}")
 
 
 def worker_share(args: Args, rank: int, world_size: int) -> Args:

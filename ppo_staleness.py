@@ -620,7 +620,8 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
     batch_size, _, num_iterations = batch_sizes(args, world_size)
     last_iteration = count_iterations(args, world_size, checkpoint)
     return (f"{last_iteration * batch_size:,} in {harness.plural(last_iteration, 'iteration')} of {batch_size:,} "
-            f"({args.num_envs * world_size} envs x {args.num_steps} steps), {num_iterations:,} of them trained on")
+            f"({harness.plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps), "
+            f"{num_iterations:,} of them trained on")
 
 
 def worker_share(args: Args, rank: int, world_size: int) -> Args:

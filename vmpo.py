@@ -632,7 +632,7 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size."""
     batch_size, _, num_iterations = batch_sizes(args)
     return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of {batch_size:,} "
-            f"({args.num_envs} envs x {args.num_steps} steps)")
+            f"({harness.plural(args.num_envs, 'env')} x {args.num_steps} steps)")
 
 
 def acting_policy(args: Args, envs, models: dict, device):

@@ -2,9 +2,9 @@
 # MuJoCo at the papers' budget: 1M env steps on HalfCheetah-v5 and Hopper-v5, seeds 1-3.
 # - ppo_er.py, the PPO-ER paper's Table II settings (K = 1 actor, N = 2048, M = 64, 10 epochs, step size and
 #   clip factor annealed by alpha): replay of L = 2 batches (PPO-ER) against L = 1 (its PPO baseline).
-# - ppo_ewma.py with Box actions and the PPO paper's MuJoCo settings (1 env x 2048 steps, 32 minibatches,
-#   10 epochs, step size 3e-4, gamma 0.99, lambda 0.95, clip 0.2, no entropy bonus): PPO (--no-ewma) against
-#   PPO-EWMA.
+# - ppo_ewma.py with Box actions and the PPO paper's MuJoCo settings (1 env x 2048 steps, 32 minibatches of
+#   shuffled samples, 10 epochs, step size 3e-4, gamma 0.99, lambda 0.95, clip 0.2, no entropy bonus): PPO
+#   (--no-ewma) against PPO-EWMA.
 # 24 runs. `bash benchmark/mujoco.sh ppo_er` (or `ppo_ewma`) runs one half. A run whose directory already
 # holds model.pt is skipped, and an unfinished one starts again, so the script can be stopped and rerun.
 # Cost here (2 CPU cores, JOBS=1, OMP_NUM_THREADS=1): see docs/benchmarks.md.
@@ -22,7 +22,8 @@ runs() {
     done; fi
     if [ "$PART" != ppo_er ]; then for ewma in no-ewma ewma; do
       echo "python $ROOT/ppo_ewma.py --env-id $env --num-envs 1 --num-steps 2048 --num-minibatches 32" \
-        "--update-epochs 10 --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2 --ent-coef 0" \
+        "--update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2" \
+        "--ent-coef 0" \
         "--total-timesteps 1000000 --$ewma --seed $seed --exp-name ppo-$ewma --save-model"
     done; fi
   done; done

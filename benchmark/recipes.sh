@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The CPU recipes of ppo_ewma.py and ppg_ewma.py on CartPole-v1, 3 seeds each: does each still learn, and
-# how fast? PPO-EWMA with the official minibatch layout (whole trajectories), with --shuffle-samples for
-# comparison, and with 16 envs x 64 steps (same batch); PPG-EWMA's recipe. The tables give the return over
-# the last 10% of steps and each seed's first step where the 100-episode mean reaches 450 (PPO) or 475 (PPG).
+# The CPU recipes of ppo_ewma.py and ppg_ewma.py, 3 seeds each: does each still learn, and how fast? On
+# CartPole-v1: PPO-EWMA with the official minibatch layout (whole trajectories), with --shuffle-samples for
+# comparison, and with 16 envs x 64 steps (same batch); PPG-EWMA's recipe. On Pendulum-v1 (continuous actions):
+# PPO-EWMA and PPO (--no-ewma) with ppo_ewma.py's continuous recipe. The tables give the return over the last
+# 10% of steps and each seed's first step where the 100-episode mean reaches 450 (PPO), 475 (PPG) or -300
+# (Pendulum).
 # SCALE is cpu only: these are the laptop recipes.
 # Cost here (2 CPU cores, 2026-11-22): 12 runs, 2.2 minutes of wall-clock with JOBS=2; 3.8 minutes with JOBS=1
 # beside other runs on the machine.
@@ -18,6 +20,9 @@ runs() {
     echo "python $ROOT/ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --total-timesteps 200000 --seed $seed --exp-name ppo-ewma-shuffled --shuffle-samples"
     echo "python $ROOT/ppo_ewma.py --env-id CartPole-v1 --num-envs 16 --num-steps 64 --gamma 0.99 --total-timesteps 200000 --seed $seed --exp-name ppo-ewma-16x64"
     echo "python $ROOT/ppg_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --seed $seed --exp-name ppg-ewma"
+    for ewma in ewma no-ewma; do
+      echo "python $ROOT/ppo_ewma.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.9 --gae-lambda 0.99 --norm-obs False --total-timesteps 300000 --$ewma --seed $seed --exp-name pendulum-$ewma"
+    done
   done
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
@@ -30,3 +35,6 @@ python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppo-ewma[a-
   --label '^ppo-ewma$=8 envs x 128 steps, whole trajectories (the recipe)' \
   --label '-shuffled$=8 envs x 128 steps, shuffled samples' --label '-16x64$=16 envs x 64 steps, whole trajectories'
 python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppg-ewma)__\d+__\d+$" --threshold 475
+python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^Pendulum-v1__(pendulum-(?:no-)?ewma)__\d+__\d+$" --threshold -300 \
+  --out "$ROOT/docs/img/recipes_pendulum.png" --title "ppo_ewma.py continuous recipe, Pendulum-v1" \
+  --label '^pendulum-ewma$=PPO-EWMA' --label '^pendulum-no-ewma$=PPO (--no-ewma)'
