@@ -21,6 +21,7 @@ import os
 import pickle
 import platform
 import random
+import re
 import shlex
 import shutil
 import signal
@@ -39,9 +40,11 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.pt: at most this much work is lost to a crash
+EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this, apart from every training env
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
 COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
     "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
+    "eval_every": "[0, inf)",
     "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)", "num_minibatches": "[1, inf)",
     "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)", "gamma": "[0, 1]",
     "gae_lambda": "[0, 1]",
@@ -145,7 +148,7 @@ class Run:
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
         self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
         self.checkpoints = world_size == 1 and command_args.checkpoint_every != 0
-        self.sps, self.stop_signal, self.old_handlers = 0, None, {}
+        self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -161,6 +164,7 @@ class Run:
                 self.checkpoint, models, optimizers, self.envs, self.episode_returns, next_obs, next_done,
                 self.normalizers)
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
+        self.last_eval_step = global_step
         self.start_step, self.start_time = global_step, time.time()
         self.progress = Progress(num_iterations * batch_size, global_step)
         return global_step, first_iteration, next_obs, next_done
@@ -192,6 +196,13 @@ class Run:
         and stop the run if a signal asked for it. extra: more checkpoint keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
+        every = self.command_args.eval_every
+        if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
+            self.progress.set_status("evaluating")
+            returns = self.play_episodes()
+            self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
+            self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
+            self.last_eval_step = global_step
         self.progress.iteration_done(global_step)
         stop = self.stop_requested()
         if not (can_checkpoint or stop and not self.checkpoints):
@@ -207,11 +218,34 @@ class Run:
         if stop:
             self.stop(iteration, global_step)
 
+    def play_episodes(self) -> list:
+        """--eval-every: the raw return of one episode on each of --eval-episodes envs of their own (seeded
+        args.seed + EVAL_SEED_OFFSET at every mark), played by the policy --eval-checkpoint plays, with the training
+        envs' observation statistics frozen. The run's random state is put back afterwards: evaluating changes
+        nothing the run learns."""
+        rng, num_episodes = rng_state(), self.command_args.eval_episodes
+        seed = self.args.seed + EVAL_SEED_OFFSET
+        if self.eval_envs is None:
+            self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
+        states = normalizer_states(self.envs)
+        obs_states = [states[name] for name in sorted(states, key=natural_key) if name.startswith("obs_")]
+        load_normalizers(self.eval_envs, {f"obs_{i}": obs_states[i % len(obs_states)] for i in range(num_episodes)}
+                         if obs_states else {}, freeze=True)
+        weights = {name: model.state_dict() for name, model in self.models.items() if model is not None}
+        act = self.script.acting_policy(self.args, self.eval_envs, weights, self.device)
+        returns, (obs, _) = [None] * num_episodes, self.eval_envs.reset(seed=seed)
+        while any(episode_return is None for episode_return in returns):
+            obs, _, _, _, info = self.eval_envs.step(act(obs))
+            for i in np.flatnonzero(info.get("_episode", ())):
+                returns[i] = float(info["episode"]["r"][i]) if returns[i] is None else returns[i]
+        set_rng_state(rng)
+        return returns
+
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
         save_checkpoint(os.path.join(self.run_dir, file_name), make_checkpoint(
             self.command_args, self.models, self.optimizers, self.envs, global_step, iteration, self.num_iterations,
-            self.episode_returns, next_obs, next_done, self.normalizers, **extra))
+            self.episode_returns, next_obs, next_done, self.normalizers, script=self.script.name, **extra))
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
         """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
@@ -224,6 +258,8 @@ class Run:
     def close(self, global_step) -> None:
         self.progress.close(global_step, self.episode_returns)
         self.envs.close()
+        if self.eval_envs is not None:
+            self.eval_envs.close()
         self.writer.close()
         stop_workers()
         for sig, handler in self.old_handlers.items():
@@ -525,10 +561,8 @@ def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_
         "args": dataclasses.asdict(args),
         "models": {name: model.state_dict() for name, model in models.items() if model is not None},
         "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
-        "normalizers": {**{name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var),
-                                  "count": float(rms.count)} for name, (_, rms) in env_normalizers(envs).items()},
-                        **{name: dict(vars(normalizer)) for name, normalizer in (normalizers or {}).items()
-                           if normalizer is not None}},
+        "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer)) for name, normalizer in
+                                                      (normalizers or {}).items() if normalizer is not None}},
         "rng": rng_state(),
         "global_step": global_step,
         "iteration": iteration,
@@ -557,8 +591,10 @@ def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except Exception as error:
         raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
+    # a checkpoint of an older version of the script lacks the flags added since: they take their defaults
     field_names = {field.name for field in dataclasses.fields(script.args_type)}
-    if not isinstance(checkpoint, dict) or set(checkpoint.get("args", ())) != field_names:
+    if (not isinstance(checkpoint, dict) or checkpoint.get("script", script.name) != script.name
+            or not set(checkpoint.get("args", ())) <= field_names or "models" not in checkpoint):
         raise SystemExit(f"{flag} {path} is not a {script.name} checkpoint.")
     return checkpoint
 
@@ -595,13 +631,16 @@ def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs,
     """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
     to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
     (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
+    missing = [name for name, model in models.items() if model is not None and name not in checkpoint["models"]]
+    if missing:
+        raise SystemExit(f"--resume: the checkpoint holds no {', '.join(missing)}; it is not this script's.")
     for name, model in models.items():
         if model is not None:
             model.load_state_dict(checkpoint["models"][name])
     for name, optimizer in optimizers.items():
         optimizer.load_state_dict(checkpoint["optimizers"][name])
     for name, normalizer in (normalizers or {}).items():
-        if normalizer is not None:
+        if normalizer is not None and name in checkpoint["normalizers"]:  # a checkpoint's older scripts may lack one
             vars(normalizer).update(checkpoint["normalizers"][name])
     episode_returns.extend(checkpoint["episode_returns"])
     saved_env = checkpoint["env"]
@@ -644,6 +683,17 @@ def env_normalizers(envs) -> dict:
                 found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
             sub_env = sub_env.env
     return found
+
+
+def normalizer_states(envs) -> dict:
+    """{name: {"mean", "var", "count"}} of the running statistics in a vector env stack (see env_normalizers)."""
+    return {name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+            for name, (_, rms) in env_normalizers(envs).items()}
+
+
+def natural_key(name: str) -> list:
+    """Sort "obs_2" before "obs_10"."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
@@ -726,7 +776,11 @@ def evaluate(args, script: Script) -> dict:
     if args.capture_video:
         envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
                                                episode_trigger=lambda episode: episode < args.eval_episodes)
-    act = script.acting_policy(run_args, envs, checkpoint["models"], device)
+    try:
+        act = script.acting_policy(run_args, envs, checkpoint["models"], device)
+    except KeyError as missing:
+        raise SystemExit(f"--eval-checkpoint {args.eval_checkpoint} holds no {missing}; it is not a {script.name} "
+                         f"checkpoint.") from None
     random.seed(args.seed)
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)

@@ -61,7 +61,11 @@ class Args:
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
-    """episodes played by --eval-checkpoint"""
+    """episodes played by --eval-checkpoint, and at each --eval-every mark (one on each of as many envs)"""
+    eval_every: int = 0
+    """every this many env steps (at the first iteration end past each multiple), play --eval-episodes episodes on
+    envs of their own with the acting policy and log eval/mean_return: a measure that does not lag as episode ends
+    do; 0: never"""
     capture_video: bool = False
     """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
 
@@ -141,6 +145,9 @@ class Args:
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
     """auxiliary-phase behaviour-cloning coefficient beta_clone"""
+    noise_scale: bool = True
+    """log charts/grad_noise_scale, the simple noise scale B_simple of the policy phase's gradient (McCandlish et al.,
+    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it"""
 
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPG-EWMA); --no-ewma: proximal = behaviour (PPG)"""
@@ -513,6 +520,51 @@ def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
     return beta_clone * clone_kl + l_aux + l_value
 
 
+def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
+    """Unbiased estimates (|G|^2, tr(Sigma)) from the squared norms of gradients over two batch sizes (McCandlish
+    et al., 2018, App. A): |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
+    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big). The simple noise scale B_simple = tr(Sigma) / |G|^2.
+    """
+    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+    return grad_sq, trace
+
+
+class GradientNoiseScale:
+    """B_simple of the gradient the optimizer steps on. In each epoch, the squared norm of every minibatch's
+    gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one estimate of |G|^2 and
+    tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over iterations (decay) before
+    their ratio is taken, as McCandlish et al. recommend. Invariance is expected while minibatches are well below it."""
+
+    def __init__(self, decay=0.9):
+        self.decay, self.grad_sq, self.trace = decay, 0.0, 0.0
+        self.sq_norms, self.grad_sum, self.epochs = [], None, []
+
+    @torch.no_grad()
+    def add(self, model):
+        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
+        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        self.sq_norms.append(grad.square().sum())
+        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
+
+    def end_epoch(self, minibatch_size):
+        num_minibatches = len(self.sq_norms)
+        if num_minibatches > 1:  # two batch sizes are needed
+            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
+            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
+                                                     big_sq_norm, num_minibatches * minibatch_size))
+        self.sq_norms, self.grad_sum = [], None
+
+    def end_iteration(self):
+        """B_simple from the EWMAs (nan until an epoch had two minibatches)."""
+        if self.epochs:
+            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
+            self.grad_sq = self.decay * self.grad_sq + grad_sq
+            self.trace = self.decay * self.trace + trace
+            self.epochs = []
+        return self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+
+
 def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generator=None):
     """Minibatches of the auxiliary phase: whole trajectories, as flat indices into an [N_pi, T, N] buffer.
 
@@ -626,6 +678,7 @@ def train(args: Args) -> dict:
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
                                      betas=(run.command_args.adam_beta1, run.command_args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
+    noise_scale = GradientNoiseScale() if args.noise_scale else None
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
@@ -650,7 +703,7 @@ def train(args: Args) -> dict:
     global_step, first_iteration, next_obs, next_done = run.restore(
         num_iterations, batch_size, {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
         {"optimizer": optimizer, "aux_optimizer": aux_optimizer},
-        {"reward": reward_normalizer, "advantages": adv_moments}, next_obs, next_done)
+        {"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale}, next_obs, next_done)
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
@@ -730,6 +783,8 @@ def train(args: Args) -> dict:
 
                 optimizer.zero_grad()
                 loss.backward()
+                if noise_scale is not None:  # the minibatch's own gradient (torchrun: this worker's)
+                    noise_scale.add(policy)
                 harness.average_gradients(policy)  # torchrun: the mean gradient of all workers' minibatches
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
@@ -747,6 +802,9 @@ def train(args: Args) -> dict:
                         ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
                     ):
                         stats[name].append(value.detach())
+
+            if noise_scale is not None:
+                noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
 
         for epoch in range(args.value_epochs):  # E_V epochs of L^value on the separate value network
             run.updating(f"value epoch {epoch + 1}/{args.value_epochs}")
@@ -768,6 +826,9 @@ def train(args: Args) -> dict:
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        if noise_scale is not None:
+            writer.add_scalar("charts/grad_noise_scale", noise_scale.end_iteration(), global_step)
+            writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
             writer.add_scalar("charts/adv_std", adv_moments.std, global_step)

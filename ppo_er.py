@@ -48,7 +48,11 @@ class Args:
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
-    """episodes played by --eval-checkpoint"""
+    """episodes played by --eval-checkpoint, and at each --eval-every mark (one on each of as many envs)"""
+    eval_every: int = 0
+    """every this many env steps (at the first iteration end past each multiple), play --eval-episodes episodes on
+    envs of their own with the acting policy and log eval/mean_return: a measure that does not lag as episode ends
+    do; 0: never"""
     capture_video: bool = False
     """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
 

@@ -65,7 +65,11 @@ class Args:
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
-    """episodes played by --eval-checkpoint"""
+    """episodes played by --eval-checkpoint, and at each --eval-every mark (one on each of as many envs)"""
+    eval_every: int = 0
+    """every this many env steps (at the first iteration end past each multiple), play --eval-episodes episodes on
+    envs of their own with the acting policy and log eval/mean_return: a measure that does not lag as episode ends
+    do; 0: never"""
     capture_video: bool = False
     """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
 
@@ -145,6 +149,9 @@ class Args:
     epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]"""
     lr_kl_target: float = 0.008
     """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
+    noise_scale: bool = True
+    """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
+    to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple"""
 
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
@@ -425,6 +432,51 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
+def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
+    """Unbiased estimates (|G|^2, tr(Sigma)) from the squared norms of gradients over two batch sizes (McCandlish
+    et al., 2018, App. A): |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
+    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big). The simple noise scale B_simple = tr(Sigma) / |G|^2.
+    """
+    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+    return grad_sq, trace
+
+
+class GradientNoiseScale:
+    """B_simple of the gradient the optimizer steps on. In each epoch, the squared norm of every minibatch's
+    gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one estimate of |G|^2 and
+    tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over iterations (decay) before
+    their ratio is taken, as McCandlish et al. recommend. Invariance is expected while minibatches are well below it."""
+
+    def __init__(self, decay=0.9):
+        self.decay, self.grad_sq, self.trace = decay, 0.0, 0.0
+        self.sq_norms, self.grad_sum, self.epochs = [], None, []
+
+    @torch.no_grad()
+    def add(self, model):
+        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
+        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        self.sq_norms.append(grad.square().sum())
+        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
+
+    def end_epoch(self, minibatch_size):
+        num_minibatches = len(self.sq_norms)
+        if num_minibatches > 1:  # two batch sizes are needed
+            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
+            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
+                                                     big_sq_norm, num_minibatches * minibatch_size))
+        self.sq_norms, self.grad_sum = [], None
+
+    def end_iteration(self):
+        """B_simple from the EWMAs (nan until an epoch had two minibatches)."""
+        if self.epochs:
+            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
+            self.grad_sq = self.decay * self.grad_sq + grad_sq
+            self.trace = self.decay * self.trace + trace
+            self.epochs = []
+        return self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+
+
 def gaussian_log_prob(actions, mean, log_std):
     """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
     return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
@@ -628,6 +680,7 @@ def train(args: Args) -> dict:
                                  betas=(args.adam_beta1, args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
+    noise_scale = GradientNoiseScale() if args.noise_scale else None
     continuous, action_space = agent.continuous, envs.single_action_space
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
@@ -653,7 +706,7 @@ def train(args: Args) -> dict:
     # what a checkpoint holds (with the EWMA weight w), restored with --resume
     global_step, first_iteration, next_obs, next_done = run.restore(
         num_iterations, batch_size, {"agent": agent, "ewma_agent": ewma_agent}, {"optimizer": optimizer},
-        {"reward": reward_normalizer, "advantages": adv_moments}, next_obs, next_done)
+        {"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale}, next_obs, next_done)
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
@@ -741,6 +794,8 @@ def train(args: Args) -> dict:
 
                 optimizer.zero_grad()
                 loss.backward()
+                if noise_scale is not None:  # the minibatch's own gradient (torchrun: this worker's)
+                    noise_scale.add(agent)
                 harness.average_gradients(agent)  # torchrun: the mean gradient of all workers' minibatches
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
@@ -759,6 +814,8 @@ def train(args: Args) -> dict:
                         ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
                     ):
                         stats[name].append(value.detach())
+            if noise_scale is not None:
+                noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
             if args.lr_schedule == "kl-adaptive":  # skrl: after every epoch, from the epoch's mean KL
                 lr = optimizer.param_groups[0]["lr"]
                 optimizer.param_groups[0]["lr"] = kl_adaptive_lr(lr, torch.stack(epoch_kls).mean().item(),
@@ -767,6 +824,9 @@ def train(args: Args) -> dict:
                 break  # --target-kl: the remaining epochs are skipped
         if args.target_kl is not None:
             writer.add_scalar("charts/update_epochs_run", gradient_steps / args.num_minibatches, global_step)
+        if noise_scale is not None:
+            writer.add_scalar("charts/grad_noise_scale", noise_scale.end_iteration(), global_step)
+            writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")

@@ -12,11 +12,13 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 import tyro
@@ -171,6 +173,25 @@ def test_the_progress_mean_return_counts_episodes_as_they_end(tmp_path, monkeypa
     assert during[0] == 0 and during[-1] >= 6
 
 
+@pytest.mark.parametrize("script, config", [
+    ("ppo_ewma", TINY),
+    ("vmpo", dict(TINY, env_id="Pendulum-v1", num_envs=1, num_steps=64)),  # frozen observation statistics
+])
+def test_eval_every_logs_the_eval_return_at_each_mark_and_changes_nothing_learned(tmp_path, monkeypatch, script,
+                                                                                 config):
+    monkeypatch.chdir(tmp_path)
+    module = __import__(script)
+    plain = logged_scalars(script, dict(config, total_timesteps=4 * 64), "plain")
+    # marks every 100 steps: evaluated at the iteration ends past 100 and 200, i.e. steps 128 and 256
+    evaluated = logged_scalars(script, dict(config, total_timesteps=4 * 64, eval_every=100, eval_episodes=3), "eval")
+    eval_returns = evaluated.pop("eval/mean_return")
+    assert [step for step, _ in eval_returns] == [128, 256] and [s for s, _ in evaluated.pop("eval/std_return")] == [
+        128, 256]
+    assert all(np.isfinite(value) for _, value in eval_returns)
+    assert evaluated == plain  # the run's random state is put back after each evaluation
+    assert module.Args().eval_every == 0
+
+
 def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     import ppo_ewma
@@ -192,6 +213,33 @@ def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp
     assert stop.value.code == 0 and open(model, "rb").read() == open(checkpoint, "rb").read()
     with pytest.raises(SystemExit, match="already finished all 3 iterations; there is nothing to continue"):
         ppo_ewma.train(ppo_ewma.Args(resume=checkpoint, save_model=False))
+
+
+@pytest.mark.parametrize("script", ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"])
+def test_checkpoints_written_before_the_harness_still_resume_and_evaluate(tmp_path, monkeypatch, script):
+    # tests/old_checkpoints/{script}.pt: iteration 3 of 4 of a tiny run (CartPole; Pendulum for ppo_er) written by
+    # the scripts at commit f363de8, before harness.py; the flags added since take their defaults
+    monkeypatch.chdir(tmp_path)
+    module = __import__(script)
+    os.makedirs("runs/old")
+    shutil.copy(os.path.join(SCRIPT_DIR, "tests", "old_checkpoints", f"{script}.pt"), "runs/old/checkpoint.pt")
+    evaluation = module.train(module.Args(eval_checkpoint="runs/old/checkpoint.pt", eval_episodes=2, cuda=False))
+    assert len(evaluation["returns"]) == 2 and evaluation["global_step"] == 192
+    resumed = module.train(module.Args(resume="runs/old/checkpoint.pt", cuda=False))
+    assert resumed["global_step"] == 256 and os.path.exists("runs/old/model.pt")  # the 4th iteration, then model.pt
+
+
+def test_a_checkpoint_of_another_script_is_refused_in_one_sentence(tmp_path, monkeypatch):
+    import ppg_ewma
+    import ppo_ewma
+
+    monkeypatch.chdir(tmp_path)
+    other = os.path.join(SCRIPT_DIR, "tests", "old_checkpoints", "ppo_er.pt")
+    with pytest.raises(SystemExit, match=r"is not a ppo_ewma\.py checkpoint\.$"):
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=other))
+    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=64))  # a new checkpoint names its script
+    with pytest.raises(SystemExit, match=r"is not a ppg_ewma\.py checkpoint\.$"):
+        ppg_ewma.train(ppg_ewma.Args(resume=os.path.join(result["run_dir"], "checkpoint.pt")))
 
 
 def test_resume_command_repeats_the_output_flags_that_differ_from_the_defaults():

@@ -372,7 +372,9 @@ def scalars_with_steps(run_dir):
     """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    # nan (e.g. a noise scale not measurable yet) as the string "nan", so that equal logs compare equal
+    return {tag: [(e.step, "nan" if math.isnan(e.value) else e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
 
 
 def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(tmp_path):
@@ -478,3 +480,8 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[4] == "  steps      512 in 4 iterations of 128 (4 envs x 32 steps), phases of 2"
     assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
     assert len(lines) == 7 and lines[6].startswith("step 512/512 (100%)")
+
+
+def test_noise_scale_estimates_by_hand():
+    # as in ppo_ewma.py: |G|^2 = (8 * 4 - 2 * 10) / 6 = 2, tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 16
+    assert ppg_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))

@@ -483,7 +483,9 @@ def scalars_with_steps(run_dir):
     """{tag: [(step, value), ...]} as TensorBoard shows them (events after a resume point purged)."""
     events = EventAccumulator(str(run_dir))
     events.Reload()
-    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    # nan (e.g. a noise scale not measurable yet) as the string "nan", so that equal logs compare equal
+    return {tag: [(e.step, "nan" if math.isnan(e.value) else e.value) for e in events.Scalars(tag)]
+            for tag in events.Tags()["scalars"]}
 
 
 def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_path):
@@ -747,3 +749,44 @@ def test_decoupled_clip_loss_stays_finite_where_r_alone_would_overflow():
     loss.backward()
     # sample 2 is on-policy: -(1 * 1.0) / 2 = -0.5; sample 1 adds ~0
     assert loss.item() == pytest.approx(-0.5) and torch.all(torch.isfinite(new_logp.grad))
+
+
+# ------------------------------------------------------------------------------------- gradient noise scale
+def test_noise_scale_estimates_by_hand():
+    # |G_small|^2 = 10 at B_small = 2, |G_big|^2 = 4 at B_big = 8:
+    # |G|^2 = (8 * 4 - 2 * 10) / (8 - 2) = 12 / 6 = 2; tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 6 / 0.375 = 16; B = 8
+    assert ppo_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
+
+
+def test_noise_scale_recovers_b_simple_of_a_linear_regression():
+    # loss 0.5 (x.w - y)^2 with x ~ N(0, I_d), y = x.w* + eps, eps ~ N(0, sigma^2), at w = w* + delta. The per-sample
+    # gradient is g = (x.delta - eps) x, so G = E[g] = delta and Sigma = (|delta|^2 + sigma^2) I + delta delta^T:
+    # tr(Sigma) = d (|delta|^2 + sigma^2) + |delta|^2. With d = 10, delta = e_1, sigma^2 = 4: 10 * 5 + 1 = 51, and
+    # |G|^2 = 1, so B_simple = 51.
+    torch.manual_seed(0)
+    d, minibatch, num_minibatches = 10, 8, 8
+    model = torch.nn.Module()
+    model.w = w = torch.nn.Parameter(torch.zeros(d))
+    delta, noise_scale = torch.zeros(d), ppo_ewma.GradientNoiseScale(decay=1.0)  # decay 1: a plain average
+    delta[0] = 1.0
+    for _ in range(1000):  # iterations of one epoch each
+        for _ in range(num_minibatches):
+            x = torch.randn(minibatch, d)
+            y = x @ (-delta) + 2.0 * torch.randn(minibatch)  # w* = -delta, so w = 0 = w* + delta
+            w.grad = None
+            (0.5 * (x @ w - y) ** 2).mean().backward()
+            noise_scale.add(model)
+        noise_scale.end_epoch(minibatch)
+        b_simple = noise_scale.end_iteration()
+    assert b_simple == pytest.approx(51.0, rel=0.1)  # 1000 epochs: about 5% standard error here
+
+
+def test_noise_scale_and_minibatch_size_are_logged(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = ppo_ewma.train(Args(exp_name="noise", total_timesteps=128, **TINY_CARTPOLE))
+    scalars = scalars_with_steps(result["run_dir"])
+    assert [v for _, v in scalars["charts/minibatch_size"]] == [32, 32]  # 2 envs x 32 steps in 2 minibatches
+    assert all(np.isfinite(v) for _, v in scalars["charts/grad_noise_scale"])
+    quiet = scalars_with_steps(ppo_ewma.train(Args(exp_name="quiet", total_timesteps=128, noise_scale=False,
+                                                   **TINY_CARTPOLE))["run_dir"])
+    assert "charts/grad_noise_scale" not in quiet
