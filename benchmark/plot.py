@@ -185,7 +185,9 @@ MARKERS = ["o", "s", "^", "D", "v", "x", "P", "*"]
 
 def caption(tag, width, seeds, threshold):
     """What a curve is, in words, under the plot."""
-    what = "per-episode returns" if tag == "charts/episodic_return" else f"values of {tag}"
+    what = {"charts/episodic_return": "per-episode returns",
+            "eval/mean_return": "evaluation returns (each the mean of --eval-episodes episodes at a mark)"}.get(
+        tag, f"values of {tag}")
     seeds_text = f"{seeds[0]} seeds" if len(set(seeds)) == 1 else "seeds (count in the legend)"
     lines = [f"Curve: {what} binned by {width:,.0f} env steps, mean over {seeds_text}; band: ±1 std over seeds."]
     if threshold is not None:
@@ -254,6 +256,8 @@ def main(argv=None):
                         "last 100 values reaches this")
     parser.add_argument("--out", help="PNG to write (no plot without it)")
     parser.add_argument("--title", default="")
+    parser.add_argument("--bins", type=int, default=40, help="bins of env steps in the plot (about 10 for --eval-every "
+                        "marks)")
     parser.add_argument("--label", action="append", default=[], metavar="REGEX=TEXT",
                         help="legend text of the variants whose name REGEX matches (repeatable; the first match wins; "
                         "TEXT may use REGEX's groups as \\1)")
@@ -279,7 +283,7 @@ def main(argv=None):
         print()
         print(invariance_table(finals, args.divisor_regex))
     if args.out:
-        plot(groups, args.tag, args.out, args.title, labels, args.threshold)
+        plot(groups, args.tag, args.out, args.title, labels, args.threshold, args.bins)
 
 
 if __name__ == "__main__":
