@@ -70,3 +70,35 @@ def test_the_readme_shows_the_ci_test_command():
         assert "python -m pytest" in f.read().splitlines()
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         assert "python -m pytest" in [line.strip() for line in f]
+
+
+# ------------------------------------------------------------------------------- recipes, stated once
+SCRIPTS = ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"]
+
+
+def cpu_recipes(text, script):
+    """The `python {script}.py` commands of a text that train a Gymnasium env for a set number of steps: its
+    recipes (a Procgen run, a --resume or an --eval-checkpoint is not one)."""
+    import harness  # noqa: E402  (after conftest.py put the repository root on the path)
+
+    commands = [c for c in harness.recipes(text) if c.split()[1] == f"{script}.py" and "--total-timesteps" in c]
+    return [c for c in commands if (env := dict(zip(c.split(), c.split()[1:])).get("--env-id"))
+            and env not in getattr(__import__(script), "PROCGEN_GAMES", ()) + ("GAME",)]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_recipe_in_the_docs_is_the_one_in_help(script):
+    import tyro
+
+    module = __import__(script)
+    parse = lambda command: tyro.cli(module.Args, args=command.split()[2:])  # noqa: E731
+    in_help = {command: parse(command) for command in cpu_recipes(module.__doc__, script)}
+    in_docs = {}
+    for page in PAGES:
+        with open(page, encoding="utf-8") as f:
+            in_docs.update({command: parse(command) for command in cpu_recipes(f.read(), script)})
+    assert in_help, f"{script}.py --help states no recipe"
+    for command, args in in_docs.items():  # every recipe the docs give is one of --help's, flag for flag
+        assert args in in_help.values(), f"docs: {command}"
+    for command, args in in_help.items():  # and every recipe of --help is in the docs
+        assert args in in_docs.values(), f"--help: {command}"
