@@ -26,35 +26,9 @@ import tyro
 import harness
 
 @dataclass
-class Args:
+class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
     exp_name: str = "ppo_er"
     """name of this experiment, part of the run directory's name"""
-    seed: int = 1
-    """seed of random, numpy, torch and the environment"""
-    torch_deterministic: bool = True
-    """set torch.backends.cudnn.deterministic"""
-    cuda: bool = True
-    """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
-    torch_threads: int = 0
-    """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
-    save_model: bool = True
-    """write the final checkpoint, model.pt, into the run directory at the end"""
-    checkpoint_every: Optional[int] = None
-    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
-    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
-    resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
-    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
-    eval_checkpoint: Optional[str] = None
-    """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
-    eval_episodes: int = 10
-    """episodes played by --eval-checkpoint, and at each --eval-every mark (one on each of as many envs)"""
-    eval_every: int = 0
-    """every this many env steps (at the first iteration end past each multiple), play --eval-episodes episodes on
-    envs of their own with the acting policy and log eval/mean_return: a measure that does not lag as episode ends
-    do; 0: never"""
-    capture_video: bool = False
-    """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
 
     env_id: str = "HalfCheetah-v5"
     """a Gymnasium env with vector observations and continuous (Box) actions"""
