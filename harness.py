@@ -135,7 +135,8 @@ def start(args, script: Script) -> "Run":
     run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
     lines = {"steps": script.describe(run_args, world_size, checkpoint)}
     if checkpoint is not None:
-        lines["resuming"] = f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,})"
+        lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
+                             f"from {args.resume}")
     if world_size > 1:
         lines["workers"] = (f"{world_size} torchrun workers ({dist.get_backend()}), each with {run_args.num_envs} envs "
                             f"and seed {run_args.seed} + {run_args.num_envs} x rank; the flags printed and logged are "
@@ -310,7 +311,7 @@ class Run:
         """Whether a signal asked to stop (torchrun: any worker's, so that all stop at the same iteration)."""
         if not dist.is_initialized():
             return self.stop_signal is not None
-        flag = torch.tensor([self.stop_signal or 0])
+        flag = torch.tensor([self.stop_signal or 0], device=self.device)  # NCCL reduces GPU tensors only
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         self.stop_signal = int(flag) or None
         return self.stop_signal is not None
