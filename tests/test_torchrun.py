@@ -10,6 +10,7 @@ import glob
 import importlib
 import math
 import os
+import signal
 import socket
 import time
 
@@ -271,3 +272,33 @@ def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     one_process = module.make_env(args).reset(seed=args.seed)[0]
     workers = np.concatenate([module.make_env(share).reset(seed=share.seed)[0] for share in shares])
     np.testing.assert_array_equal(workers, one_process)
+
+
+# ------------------------------------------------------------------------------------------ stopping
+def stop_on_a_signal_to_one_worker(rank, out_dir):
+    os.chdir(out_dir)
+    real_after_step, real_stop = harness.Run.after_step, harness.Run.stop
+    stopped = {}
+
+    def after_step(self, global_step, info):
+        real_after_step(self, global_step, info)
+        if rank == 1 and global_step == 2 * 256 + 8:  # the first step of iteration 3, on worker 1 only
+            os.kill(os.getpid(), signal.SIGINT)
+
+    def stop(self, iteration, global_step):
+        stopped.update(iteration=iteration, global_step=global_step)
+        real_stop(self, iteration, global_step)
+
+    harness.Run.after_step, harness.Run.stop = after_step, stop
+    try:
+        ppo_ewma.train(ppo_ewma.Args(**dict(TINY, total_timesteps=10 * 256)))
+    except SystemExit as exit_:
+        torch.save({"code": exit_.code, **stopped}, os.path.join(out_dir, f"rank{rank}.pt"))
+
+
+def test_a_signal_to_one_worker_stops_both_at_the_same_iteration_end(tmp_path):
+    run_two_workers(stop_on_a_signal_to_one_worker, str(tmp_path))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    # both leave after iteration 3 with 128 + SIGINT; no checkpoint under torchrun, and none is claimed
+    assert rank0 == rank1 == {"code": 130, "iteration": 3, "global_step": 3 * 256}
+    assert not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
