@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Speed: steps per second of each script with and without its extra machinery, on its CPU recipe and on
+# Speed: steps per second of each script with and without its extra machinery (the EWMA, the noise scale, the
+# replay, the staleness queue), on its CPU recipes and on
 # one Procgen iteration (starpilot easy, 64 envs x 256 steps = 16,384 steps, the paper's per-worker batch;
 # PPO-ER, continuous-only, on HalfCheetah-v5 instead).
 # Prints a Markdown table: label, the SPS the script reports (env steps / training-loop seconds), and the
@@ -16,12 +17,18 @@ OUT="$ROOT/benchmark/runs/speed"
 
 cartpole="--env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99"
 procgen="--env-id starpilot --distribution-mode easy --num-envs 64 --num-steps 256 --total-timesteps 16384"
+pendulum="--env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --shuffle-samples \
+  --learning-rate 3e-4 --gamma 0.9 --gae-lambda 0.99 --norm-obs False --total-timesteps 300000"
 rows() {
   if [ "$SCALE" = cpu ]; then cat <<ROWS
 ppo_ewma.cartpole.ewma      python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed
 ppo_ewma.cartpole.no-ewma   python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed --no-ewma
+ppo_ewma.cartpole.no-noise  python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed --no-noise-scale
+ppo_ewma.pendulum.ewma      python $ROOT/ppo_ewma.py $pendulum --exp-name speed
+ppo_ewma.pendulum.no-ewma   python $ROOT/ppo_ewma.py $pendulum --exp-name speed --no-ewma
 ppg_ewma.cartpole.ewma      python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed
 ppg_ewma.cartpole.no-ewma   python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed --no-ewma
+ppg_ewma.cartpole.no-noise  python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed --no-noise-scale
 ppo_staleness.cartpole.k8   python $ROOT/ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --gamma 0.99 --total-timesteps 60000 --staleness 8 --exp-name speed
 ppo_staleness.cartpole.k0   python $ROOT/ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --gamma 0.99 --total-timesteps 60000 --staleness 0 --exp-name speed
 vmpo.cartpole               python $ROOT/vmpo.py $cartpole --num-minibatches 4 --total-timesteps 150000 --learning-rate 1e-3 --multiplier-lr 1e-2 --exp-name speed
@@ -32,6 +39,7 @@ ROWS
   cat <<ROWS
 ppo_ewma.procgen.ewma       python $ROOT/ppo_ewma.py $procgen --exp-name speed
 ppo_ewma.procgen.no-ewma    python $ROOT/ppo_ewma.py $procgen --exp-name speed --no-ewma
+ppo_ewma.procgen.no-noise   python $ROOT/ppo_ewma.py $procgen --exp-name speed --no-noise-scale
 ppg_ewma.procgen.ewma       python $ROOT/ppg_ewma.py $procgen --exp-name speed
 ppg_ewma.procgen.no-ewma    python $ROOT/ppg_ewma.py $procgen --exp-name speed --no-ewma
 ppo_staleness.procgen.k0    python $ROOT/ppo_staleness.py $procgen --staleness 0 --exp-name speed
