@@ -420,10 +420,12 @@ class GradientNoiseScale:
     """B_simple of the gradient the optimizer steps on. In each epoch, the squared norm of every minibatch's
     gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one estimate of |G|^2 and
     tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over iterations (decay) before
-    their ratio is taken, as McCandlish et al. recommend. Invariance is expected while minibatches are well below it."""
+    their ratio is taken, as McCandlish et al. recommend. Invariance is expected while minibatches are well below it.
+    The |G|^2 estimate of one epoch is often negative once the policy nears a stationary point, so the ratio is nan
+    while the EWMA of |G|^2 is not positive; averaging the two parts over a longer window is then the steadier read."""
 
     def __init__(self, decay=0.9):
-        self.decay, self.grad_sq, self.trace = decay, 0.0, 0.0
+        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
         self.sq_norms, self.grad_sum, self.epochs = [], None, []
 
     @torch.no_grad()
@@ -442,13 +444,17 @@ class GradientNoiseScale:
         self.sq_norms, self.grad_sum = [], None
 
     def end_iteration(self):
-        """B_simple from the EWMAs (nan until an epoch had two minibatches)."""
+        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
         if self.epochs:
             grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
+            self.weight = self.decay * self.weight + 1.0
             self.grad_sq = self.decay * self.grad_sq + grad_sq
             self.trace = self.decay * self.trace + trace
             self.epochs = []
-        return self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+        if not self.weight:
+            return float("nan"), float("nan"), float("nan")
+        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
 
 
 def gaussian_log_prob(actions, mean, log_std):
@@ -799,7 +805,10 @@ def train(args: Args) -> dict:
         if args.target_kl is not None:
             writer.add_scalar("charts/update_epochs_run", gradient_steps / args.num_minibatches, global_step)
         if noise_scale is not None:
-            writer.add_scalar("charts/grad_noise_scale", noise_scale.end_iteration(), global_step)
+            b_simple, grad_sq, trace = noise_scale.end_iteration()
+            writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
+            writer.add_scalar("charts/grad_noise_trace", trace, global_step)
+            writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
             writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
 
         var_returns = b_returns.var()

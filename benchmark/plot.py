@@ -102,10 +102,12 @@ def final_return(steps, values, window):
     return values[steps >= (1 - window) * steps.max()].mean()
 
 
-def summarize(groups, tag, window):
-    """{variant: per-seed final returns, as an array}."""
-    return {name: np.array([final_return(*read_scalars(d, tag), window) for d in dirs])
-            for name, dirs in groups.items()}
+def summarize(groups, tag, window, per=None):
+    """{variant: per-seed final returns, as an array}; with `per`, each divided by that tag's final value."""
+    def final(run_dir):
+        value = final_return(*read_scalars(run_dir, tag), window)
+        return value / final_return(*read_scalars(run_dir, per), window) if per else value
+    return {name: np.array([final(d) for d in dirs]) for name, dirs in groups.items()}
 
 
 def number(x):
@@ -256,6 +258,8 @@ def main(argv=None):
                         "last 100 values reaches this")
     parser.add_argument("--out", help="PNG to write (no plot without it)")
     parser.add_argument("--title", default="")
+    parser.add_argument("--per", metavar="TAG", help="table only: divide each seed's final --tag value by its final "
+                        "value of TAG (e.g. charts/grad_noise_trace per charts/grad_sq_norm: B_simple over the window)")
     parser.add_argument("--bins", type=int, default=40, help="bins of env steps in the plot (about 10 for --eval-every "
                         "marks)")
     parser.add_argument("--label", action="append", default=[], metavar="REGEX=TEXT",
@@ -267,12 +271,12 @@ def main(argv=None):
     if not groups:
         raise SystemExit(f"no run directory under {args.runs} matches --group {args.group!r}")
     check_one_env_per_variant(groups, args.group)
-    finals = summarize(groups, args.tag, args.window)
+    finals = summarize(groups, args.tag, args.window, args.per)
     groups = {name: dirs for name, dirs in groups.items() if not np.all(np.isnan(finals[name]))}  # tag logged
     finals = {name: finals[name] for name in groups}
     if not groups:
         raise SystemExit(f"no run under {args.runs} logged {args.tag}")
-    print(final_table(finals, args.window, args.tag))
+    print(final_table(finals, args.window, f"{args.tag} / {args.per}" if args.per else args.tag))
     if args.pivot:
         print()
         print(pivot_table(finals, args.pivot))

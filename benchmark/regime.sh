@@ -45,11 +45,13 @@ for task in Acrobot-v1 CartPole-v1; do
     what=$([ $algo = ppg ] && echo "PPG-EWMA" || echo "PPO-EWMA, 1 epoch")
     rule_text=$([ $rule = sqrt ] && echo "all adjustments" || echo "linear step-size rule")
     python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__(${algo}-${rule}-c\d+)__\d+__\d+$" \
-      --tag eval/mean_return --bins 10 --window 0.05 --divisor-regex '-c(\d+)$' "${labels[@]}" \
+      --tag eval/mean_return --bins 10 --window 0.05 --divisor-regex='-c(\d+)$' "${labels[@]}" \
       --out "$ROOT/docs/img/regime_${task%-v1}_${algo}_${rule}.png" --title "$what, $rule_text: batch / c ($task)"
   done; done
-  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
-    --tag charts/grad_noise_scale --window 0.5
+  for half in 1.0 0.5; do  # B_simple over the whole run and over its second half: tr(Sigma) / |G|^2 of the window
+    python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
+      --tag charts/grad_noise_trace --per charts/grad_sq_norm --window $half
+  done
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
     --tag charts/minibatch_size --window 0.5
 done
