@@ -485,3 +485,14 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
 def test_noise_scale_estimates_by_hand():
     # as in ppo_ewma.py: |G|^2 = (8 * 4 - 2 * 10) / 6 = 2, tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 16
     assert ppg_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
+
+
+def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):
+    # it only reads the policy phase's gradients after backward(): with it off, every other logged value is the same
+    monkeypatch.chdir(tmp_path)
+    short = dict(env_id="CartPole-v1", total_timesteps=2 * 4 * 4 * 32)  # 2 phases of n_pi = 2 iterations
+    on = scalars_with_steps(train(tiny_args(exp_name="on", **short))["run_dir"])
+    off = scalars_with_steps(train(tiny_args(exp_name="off", noise_scale=False, **short))["run_dir"])
+    learned = [tag for tag in off if tag.startswith(("losses/", "charts/episodic_return"))]
+    assert "losses/policy_loss" in learned and "losses/aux_clone_kl" in learned
+    assert all(on[tag] == off[tag] for tag in learned)

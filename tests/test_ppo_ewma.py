@@ -324,7 +324,7 @@ def test_training_loop_does_only_the_forward_passes_it_needs(tmp_path, monkeypat
     assert sum(rows) == 16 + 2 + 48 + (48 if ewma else 0)
 
 
-def test_logits_in_chunks_gives_the_same_numbers_as_one_pass():
+def test_pi_in_chunks_gives_the_same_numbers_as_one_pass():
     torch.manual_seed(0)
     envs = type("Spaces", (), {"single_observation_space": ppo_ewma.gym.spaces.Box(0, 255, (64, 64, 3), "uint8"),
                                "single_action_space": ppo_ewma.gym.spaces.Discrete(15)})()
@@ -790,3 +790,14 @@ def test_noise_scale_and_minibatch_size_are_logged(tmp_path, monkeypatch):
     quiet = scalars_with_steps(ppo_ewma.train(Args(exp_name="quiet", total_timesteps=128, noise_scale=False,
                                                    **TINY_CARTPOLE))["run_dir"])
     assert "charts/grad_noise_scale" not in quiet
+
+
+def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):
+    # it only reads the gradients after backward(): with it off, every other logged value is the same
+    monkeypatch.chdir(tmp_path)
+    on = scalars_with_steps(ppo_ewma.train(Args(exp_name="on", total_timesteps=256, **TINY_CARTPOLE))["run_dir"])
+    off = scalars_with_steps(ppo_ewma.train(Args(exp_name="off", total_timesteps=256, noise_scale=False,
+                                                 **TINY_CARTPOLE))["run_dir"])
+    learned = [tag for tag in off if tag.startswith(("losses/", "charts/episodic_return"))]
+    assert "losses/policy_loss" in learned and "charts/episodic_return" in learned
+    assert all(on[tag] == off[tag] for tag in learned)
