@@ -1,4 +1,5 @@
-"""The docs' links: every relative link and image path in README.md and docs/*.md names a file that exists."""
+"""The docs' links: every relative link and image path in README.md and docs/*.md names a file that exists, and
+every #fragment names a heading of the page it points to."""
 import glob
 import os
 import re
@@ -35,9 +36,53 @@ def dead_links(markdown_path):
     return dead
 
 
+def heading_anchors(markdown):
+    """The anchors GitHub gives a page's headings: lower case, punctuation but - and _ dropped, spaces as -,
+    a repeated anchor suffixed -1, -2, ...; headings inside code blocks are not headings."""
+    anchors, seen = [], {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#* *$", FENCED_BLOCK.sub("", markdown), re.M):
+        anchor = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchors.append(f"{anchor}-{seen[anchor]}" if anchor in seen else anchor)
+        seen[anchor] = seen.get(anchor, 0) + 1
+    return anchors
+
+
+def dead_anchors(markdown_path):
+    """The link targets in a Markdown file whose #fragment names no heading of the Markdown page it points to."""
+    with open(markdown_path, encoding="utf-8") as f:
+        targets = link_targets(f.read())
+    folder, dead = os.path.dirname(os.path.abspath(markdown_path)), []
+    for target in targets:
+        path, _, fragment = target.partition("#")
+        if not fragment or re.match(r"^[a-z][a-z0-9+.-]*:", path, re.I):
+            continue
+        page = os.path.join(folder, path) if path else str(markdown_path)
+        if page.endswith(".md") and os.path.isfile(page):
+            with open(page, encoding="utf-8") as f:
+                if fragment not in heading_anchors(f.read()):
+                    dead.append(target)
+    return dead
+
+
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
 def test_every_relative_link_exists(page):
     assert dead_links(page) == []
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_fragment_names_a_heading(page):
+    assert dead_anchors(page) == []
+
+
+def test_heading_anchors_follow_githubs_rule(tmp_path):
+    markdown = ("# Measured at the paper's budget: 1M steps\n## `--batch-divisor c`\n### Results\n## Results\n"
+                "```bash\n# a comment, not a heading\n```\n")
+    assert heading_anchors(markdown) == ["measured-at-the-papers-budget-1m-steps", "--batch-divisor-c", "results",
+                                         "results-1"]
+    (tmp_path / "page.md").write_text(markdown)
+    doc = tmp_path / "doc.md"
+    doc.write_text("[ok](page.md#results-1) [gone](page.md#results-2) [here](#missing) [web](https://a.b/c#d)\n")
+    assert dead_anchors(doc) == ["page.md#results-2", "#missing"]
 
 
 def test_the_docs_pages_are_there_and_linked():
