@@ -137,8 +137,8 @@ def start(args, script: Script) -> "Run":
     if checkpoint is not None:
         lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
                              f"from {args.resume}")
-    if world_size > 1:
-        lines["workers"] = (f"{world_size} torchrun workers ({dist.get_backend()}), each with {run_args.num_envs} envs "
+    if dist.is_initialized():
+        lines["workers"] = (f"{plural(world_size, 'torchrun worker')} ({dist.get_backend()}), each with {run_args.num_envs} envs "
                             f"and seed {run_args.seed} + {run_args.num_envs} x rank; the flags printed and logged are "
                             f"rank 0's share")
     lines["saves"] = saves_note(args, world_size)
@@ -844,9 +844,10 @@ def evaluate(args, script: Script) -> dict:
 def start_workers(args, script: Script) -> tuple:
     """Under torchrun (args: the command line's): take this worker's GPU, check the flags and their split over the
     workers, join the others (NCCL with one GPU each when CUDA is used, Gloo on CPU) and silence stdout on ranks
-    > 0; return (rank, W). In a single process: (0, 1), and nothing is done."""
+    > 0; return (rank, W). In a single process: (0, 1), and nothing is done. One torchrun worker (W = 1) joins a
+    group of one, so that its collectives run (e.g. NCCL on one GPU) as they would with more."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world_size == 1:
+    if world_size == 1 and "LOCAL_RANK" not in os.environ:  # torchrun sets LOCAL_RANK; python does not
         return 0, 1
     if script.worker_share is None:
         raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")

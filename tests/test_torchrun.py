@@ -264,7 +264,7 @@ def test_ppg_aux_minibatch_is_split_over_the_workers(tmp_path, monkeypatch):
 def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     module = importlib.import_module(name)
     args = module.Args(**CONFIGS[name])
-    monkeypatch.setenv("WORLD_SIZE", "1")  # torchrun --nproc_per_node 1, or no torchrun: nothing changes
+    monkeypatch.setenv("WORLD_SIZE", "1")  # without torchrun's LOCAL_RANK: one process, no group
     assert harness.start_workers(args, module.SCRIPT) == (0, 1) and not dist.is_initialized()
     # worker r gets 4 envs and seed 1 + 4 r; Gymnasium seeds env i with seed + i: envs 1-4 and 5-8, as one process
     shares = [module.worker_share(args, rank, 2) for rank in (0, 1)]
@@ -272,6 +272,30 @@ def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     one_process = module.make_env(args).reset(seed=args.seed)[0]
     workers = np.concatenate([module.make_env(share).reset(seed=share.seed)[0] for share in shares])
     np.testing.assert_array_equal(workers, one_process)
+
+
+def logged(run_dir):
+    events = EventAccumulator(run_dir)
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]
+            if tag != "charts/SPS"}
+
+
+def test_one_torchrun_worker_joins_a_group_of_one_and_learns_as_one_process(tmp_path, monkeypatch):
+    # torchrun --nproc_per_node 1 (e.g. NCCL on one GPU): the collectives run, and change nothing
+    monkeypatch.chdir(tmp_path)
+    plain = logged(ppo_ewma.train(ppo_ewma.Args(exp_name="plain", **CONFIGS["ppo_ewma"]))["run_dir"])
+    for name, value in dict(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0", LOCAL_RANK="0",
+                            WORLD_SIZE="1", LOCAL_WORLD_SIZE="1").items():
+        monkeypatch.setenv(name, value)
+    groups = []
+    real_all_reduce = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda *a, **k: groups.append(dist.get_world_size()) or
+                        real_all_reduce(*a, **k))
+    one_worker = logged(ppo_ewma.train(ppo_ewma.Args(exp_name="worker", **CONFIGS["ppo_ewma"]))["run_dir"])
+    assert not dist.is_initialized()  # the run left its group
+    assert groups and set(groups) == {1}  # gradients and the stop flag went through the group of one
+    assert one_worker == plain
 
 
 # ------------------------------------------------------------------------------------------ stopping
