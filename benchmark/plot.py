@@ -190,11 +190,15 @@ def caption(tag, width, seeds, threshold):
     what = {"charts/episodic_return": "per-episode returns",
             "eval/mean_return": "evaluation returns (each the mean of --eval-episodes episodes at a mark)"}.get(
         tag, f"values of {tag}")
-    seeds_text = f"{seeds[0]} seeds" if len(set(seeds)) == 1 else "seeds (count in the legend)"
-    lines = [f"Curve: {what} binned by {width:,.0f} env steps, mean over {seeds_text}; band: ±1 std over seeds."]
+    if set(seeds) == {1}:
+        seeds_text = "one seed (no band)"
+    else:
+        seeds_text = f"{seeds[0]} seeds" if len(set(seeds)) == 1 else "seeds (count in the legend)"
+        seeds_text += "; band: ±1 std over seeds"
+    lines = [f"Curve: {what} binned by {width:,.0f} env steps, mean over {seeds_text}."]
     if threshold is not None:
         lines.append(f"Dotted line: {threshold:g}. Ticks: where each seed's 100-episode running mean first reaches "
-                     f"{threshold:g} (later than the binned curve).")
+                     f"{threshold:g} (not the binned curve: the two can cross the line at different steps).")
     return "\n".join(textwrap.fill(line, 125) for line in lines)
 
 
