@@ -6,8 +6,8 @@
 # 10% of steps and each seed's first step where the 100-episode mean reaches 450 (PPO), 475 (PPG) or -300
 # (Pendulum).
 # SCALE is cpu only: these are the laptop recipes.
-# Cost here (2 CPU cores, 2026-11-22): 12 runs, 2.2 minutes of wall-clock with JOBS=2; 3.8 minutes with JOBS=1
-# beside other runs on the machine.
+# Cost here (2 CPU cores, 2026-11-22): 18 runs, 10.3 minutes of wall-clock with JOBS=1 beside a MuJoCo run and
+# other work; the 12 CartPole runs alone took 2.2 minutes with JOBS=2.
 # `bash benchmark/recipes.sh --list` prints the runs, one per line.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
