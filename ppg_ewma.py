@@ -118,9 +118,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
     """auxiliary-phase behaviour-cloning coefficient beta_clone"""
-    noise_scale: bool = True
+    noise_scale: bool = False
     """log charts/grad_noise_scale, the simple noise scale B_simple of the policy phase's gradient (McCandlish et al.,
-    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it"""
+    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it
+    (off by default, as in ppo_ewma.py)"""
 
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPG-EWMA); --no-ewma: proximal = behaviour (PPG)"""

@@ -26,8 +26,8 @@ runs() {
       fi
       base="$base --eval-episodes 20 --seed $seed"
       for c in 1 8 32; do for rule in sqrt linear; do
-        echo "python $ROOT/ppg_ewma.py $base --n-pi 4 --aux-minibatch-size 256 --batch-divisor $c --lr-rule $rule --exp-name ppg-$rule-c$c"
-        echo "python $ROOT/ppo_ewma.py $base --update-epochs 1 --batch-divisor $c --lr-rule $rule --exp-name ppo-$rule-c$c"
+        echo "python $ROOT/ppg_ewma.py $base --n-pi 4 --aux-minibatch-size 256 --batch-divisor $c --lr-rule $rule --noise-scale --exp-name ppg-$rule-c$c"
+        echo "python $ROOT/ppo_ewma.py $base --update-epochs 1 --batch-divisor $c --lr-rule $rule --noise-scale --exp-name ppo-$rule-c$c"
       done; done
     done
   done

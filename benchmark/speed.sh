@@ -7,7 +7,7 @@
 # whole process's wall-clock and CPU seconds (start-up included).
 # Timings of jobs that run side by side disturb each other: keep JOBS=1 and the machine otherwise idle.
 # SCALE=cpu (default) runs every row; SCALE=paper runs the Procgen rows only (use a GPU machine for those).
-# Cost here (2 CPU cores, 2026-11-22, JOBS=1, idle machine): 17 runs, 9.8 minutes of wall-clock.
+# Cost here (2 CPU cores, 2026-11-23, JOBS=1, idle machine): 22 runs, 13.7 minutes of wall-clock.
 # `bash benchmark/speed.sh --list` prints the runs, one per line (without running them).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -21,14 +21,14 @@ pendulum="--env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 
   --learning-rate 3e-4 --gamma 0.9 --gae-lambda 0.99 --norm-obs False --total-timesteps 300000"
 rows() {
   if [ "$SCALE" = cpu ]; then cat <<ROWS
-ppo_ewma.cartpole.ewma      python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed
-ppo_ewma.cartpole.no-ewma   python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed --no-ewma
-ppo_ewma.cartpole.no-noise  python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed --no-noise-scale
-ppo_ewma.pendulum.ewma      python $ROOT/ppo_ewma.py $pendulum --exp-name speed
-ppo_ewma.pendulum.no-ewma   python $ROOT/ppo_ewma.py $pendulum --exp-name speed --no-ewma
-ppg_ewma.cartpole.ewma      python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed
-ppg_ewma.cartpole.no-ewma   python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed --no-ewma
-ppg_ewma.cartpole.no-noise  python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed --no-noise-scale
+ppo_ewma.cartpole.ewma      python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed --noise-scale
+ppo_ewma.cartpole.no-ewma   python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed --no-ewma --noise-scale
+ppo_ewma.cartpole.no-noise  python $ROOT/ppo_ewma.py $cartpole --total-timesteps 200000 --exp-name speed
+ppo_ewma.pendulum.ewma      python $ROOT/ppo_ewma.py $pendulum --exp-name speed --noise-scale
+ppo_ewma.pendulum.no-ewma   python $ROOT/ppo_ewma.py $pendulum --exp-name speed --no-ewma --noise-scale
+ppg_ewma.cartpole.ewma      python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed --noise-scale
+ppg_ewma.cartpole.no-ewma   python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed --no-ewma --noise-scale
+ppg_ewma.cartpole.no-noise  python $ROOT/ppg_ewma.py $cartpole --n-pi 8 --aux-minibatch-size 64 --total-timesteps 147456 --exp-name speed
 ppo_staleness.cartpole.k8   python $ROOT/ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --gamma 0.99 --total-timesteps 60000 --staleness 8 --exp-name speed
 ppo_staleness.cartpole.k0   python $ROOT/ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --num-minibatches 4 --update-epochs 4 --learning-rate 1e-3 --gamma 0.99 --total-timesteps 60000 --staleness 0 --exp-name speed
 vmpo.cartpole               python $ROOT/vmpo.py $cartpole --num-minibatches 4 --total-timesteps 150000 --learning-rate 1e-3 --multiplier-lr 1e-2 --exp-name speed
@@ -37,11 +37,11 @@ ppo_er.pendulum.L1          python $ROOT/ppo_er.py --env-id Pendulum-v1 --total-
 ROWS
   fi
   cat <<ROWS
-ppo_ewma.procgen.ewma       python $ROOT/ppo_ewma.py $procgen --exp-name speed
-ppo_ewma.procgen.no-ewma    python $ROOT/ppo_ewma.py $procgen --exp-name speed --no-ewma
-ppo_ewma.procgen.no-noise   python $ROOT/ppo_ewma.py $procgen --exp-name speed --no-noise-scale
-ppg_ewma.procgen.ewma       python $ROOT/ppg_ewma.py $procgen --exp-name speed
-ppg_ewma.procgen.no-ewma    python $ROOT/ppg_ewma.py $procgen --exp-name speed --no-ewma
+ppo_ewma.procgen.ewma       python $ROOT/ppo_ewma.py $procgen --exp-name speed --noise-scale
+ppo_ewma.procgen.no-ewma    python $ROOT/ppo_ewma.py $procgen --exp-name speed --no-ewma --noise-scale
+ppo_ewma.procgen.no-noise   python $ROOT/ppo_ewma.py $procgen --exp-name speed
+ppg_ewma.procgen.ewma       python $ROOT/ppg_ewma.py $procgen --exp-name speed --noise-scale
+ppg_ewma.procgen.no-ewma    python $ROOT/ppg_ewma.py $procgen --exp-name speed --no-ewma --noise-scale
 ppo_staleness.procgen.k0    python $ROOT/ppo_staleness.py $procgen --staleness 0 --exp-name speed
 vmpo.procgen                python $ROOT/vmpo.py $procgen --exp-name speed
 ppo_er.halfcheetah.L2       python $ROOT/ppo_er.py --env-id HalfCheetah-v5 --total-timesteps 16384 --replay-batches 2 --exp-name speed

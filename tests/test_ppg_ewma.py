@@ -491,7 +491,7 @@ def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):
     # it only reads the policy phase's gradients after backward(): with it off, every other logged value is the same
     monkeypatch.chdir(tmp_path)
     short = dict(env_id="CartPole-v1", total_timesteps=2 * 4 * 4 * 32)  # 2 phases of n_pi = 2 iterations
-    on = scalars_with_steps(train(tiny_args(exp_name="on", **short))["run_dir"])
+    on = scalars_with_steps(train(tiny_args(exp_name="on", noise_scale=True, **short))["run_dir"])
     off = scalars_with_steps(train(tiny_args(exp_name="off", noise_scale=False, **short))["run_dir"])
     learned = [tag for tag in off if tag.startswith(("losses/", "charts/episodic_return"))]
     assert "losses/policy_loss" in learned and "losses/aux_clone_kl" in learned

@@ -783,7 +783,7 @@ def test_noise_scale_recovers_b_simple_of_a_linear_regression():
 
 def test_noise_scale_and_minibatch_size_are_logged(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    result = ppo_ewma.train(Args(exp_name="noise", total_timesteps=128, **TINY_CARTPOLE))
+    result = ppo_ewma.train(Args(exp_name="noise", total_timesteps=128, noise_scale=True, **TINY_CARTPOLE))
     scalars = scalars_with_steps(result["run_dir"])
     assert [v for _, v in scalars["charts/minibatch_size"]] == [32, 32]  # 2 envs x 32 steps in 2 minibatches
     assert all(np.isfinite(v) for _, v in scalars["charts/grad_noise_scale"])
@@ -795,7 +795,8 @@ def test_noise_scale_and_minibatch_size_are_logged(tmp_path, monkeypatch):
 def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):
     # it only reads the gradients after backward(): with it off, every other logged value is the same
     monkeypatch.chdir(tmp_path)
-    on = scalars_with_steps(ppo_ewma.train(Args(exp_name="on", total_timesteps=256, **TINY_CARTPOLE))["run_dir"])
+    on = scalars_with_steps(ppo_ewma.train(Args(exp_name="on", total_timesteps=256, noise_scale=True,
+                                                **TINY_CARTPOLE))["run_dir"])
     off = scalars_with_steps(ppo_ewma.train(Args(exp_name="off", total_timesteps=256, noise_scale=False,
                                                  **TINY_CARTPOLE))["run_dir"])
     learned = [tag for tag in off if tag.startswith(("losses/", "charts/episodic_return"))]
