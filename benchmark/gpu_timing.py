@@ -80,9 +80,10 @@ def main():
     for i, (total, env, inference, update) in enumerate(rows, 1):
         print(f"{i} | {total:.2f} | {batch / total:,.0f} | {env:.2f} | {inference:.2f} | {update:.2f}")
     total, env, inference, update = np.mean(rows[cli.warmup:], axis=0)
-    print(f"mean of iterations {cli.warmup + 1}-{len(rows)}: {total:.2f} s, SPS {batch / total:,.0f}; env step "
-          f"{env:.2f} s ({100 * env / total:.0f}%), rollout inference {inference:.2f} s ({100 * inference / total:.0f}%), "
-          f"update {update:.2f} s ({100 * update / total:.0f}%)")
+    share = {name: f"{seconds:.2f} s ({100 * seconds / total:.0f}%)"
+             for name, seconds in [("env step", env), ("rollout inference", inference), ("update", update)]}
+    print(f"mean of iterations {cli.warmup + 1}-{len(rows)}: {total:.2f} s, SPS {batch / total:,.0f}; "
+          + ", ".join(f"{name} {text}" for name, text in share.items()))
     if torch.cuda.is_available():
         print(f"peak GPU memory: {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated, "
               f"{torch.cuda.max_memory_reserved() / 2**30:.2f} GiB reserved by PyTorch")
