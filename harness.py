@@ -139,8 +139,8 @@ def start(args, script: Script) -> "Run":
                              f"from {args.resume}")
     if dist.is_initialized():
         lines["workers"] = (f"{plural(world_size, 'torchrun worker')} ({dist.get_backend()}), each with "
-                            f"{run_args.num_envs} envs and seed {run_args.seed} + {run_args.num_envs} x rank; the flags "
-                            f"printed and logged are rank 0's share")
+                            f"{run_args.num_envs} envs and seed {run_args.seed} + {run_args.num_envs} x rank; the "
+                            f"flags printed and logged are rank 0's share")
     lines["saves"] = saves_note(args, world_size)
     print_startup(title(script), run_args.env_id, device_note, run_dir, lines)
     suggest_recipe(args, script)
