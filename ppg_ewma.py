@@ -13,7 +13,7 @@ phase holds the same number of environment steps (Sec. 4).
     python ppg_ewma.py --batch-divisor 4        # 64 envs, N_pi 128, lr / 2, EWMA and adv-norm spans x4
     python ppg_ewma.py --no-ewma                # plain PPG (proximal = behaviour policy)
     python ppg_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --n-pi 8 \\
-        --aux-minibatch-size 64 --total-timesteps 147456   # CPU recipe: 500 (the maximum), 24 s here
+        --aux-minibatch-size 64 --total-timesteps 147456   # CPU recipe: 500 (the maximum), 26 s here
 """
 import copy
 import dataclasses

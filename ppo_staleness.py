@@ -12,7 +12,7 @@ the behaviour policy (which collected the data k iterations ago). `--objective` 
     python ppo_staleness.py --objective recent --staleness 8   # one point of Fig. 1a
     python ppo_staleness.py --env-id CartPole-v1 --num-envs 8 --num-steps 32 --num-minibatches 4 \\
         --update-epochs 4 --learning-rate 1e-3 --gamma 0.99 --total-timesteps 60000 --staleness 8 \\
-        --objective decoupled                                  # CPU recipe: about 450 of 500, 9 s here
+        --objective decoupled                                  # CPU recipe: about 450 of 500, 10 s here
 """
 import dataclasses
 import math
