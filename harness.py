@@ -904,6 +904,25 @@ def average_gradients(*modules) -> None:
             grad.copy_(mean.view_as(grad))
 
 
+def mean_over_workers(x):
+    """x averaged over the workers (one all-reduce): every worker then takes the same decision from it, e.g.
+    --target-kl's early stop. Single process: x."""
+    if dist.is_initialized():
+        x = x.clone()
+        dist.all_reduce(x)
+        x /= dist.get_world_size()
+    return x
+
+
+def check_finite(iteration: int, **losses) -> None:
+    """Stop the run, naming the first of `losses` (name=scalar tensor) that is nan or inf: one check per step.
+    torchrun: a loss that is not finite on any worker stops all of them at the same step, with the same sentence."""
+    values = mean_over_workers(torch.stack([loss.detach() for loss in losses.values()]))
+    if not torch.isfinite(values).all():
+        name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))
+        raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+
+
 def global_batch(x):
     """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
     if not dist.is_initialized():

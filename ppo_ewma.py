@@ -744,9 +744,9 @@ def train(args: Args) -> dict:
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_pi, new_value = agent(mb_obs)
                 new_logp, entropy = log_prob_and_entropy(new_pi, mb_actions, continuous)
-                with torch.no_grad():
+                with torch.no_grad():  # torchrun: the mean of all workers' shares, so that all decide alike
                     behav_logratio = new_logp - mb_behav_logp
-                    epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
+                    epoch_kls.append(harness.mean_over_workers(((behav_logratio.exp() - 1) - behav_logratio).mean()))
                 if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
                     break
                 if ewma_agent is not None:  # pi_prox: one forward pass of the EWMA network
@@ -768,10 +768,7 @@ def train(args: Args) -> dict:
                     v_loss = value_loss(new_value, b_returns[mb_inds])
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
-                    parts = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
-                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+                harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -797,10 +794,10 @@ def train(args: Args) -> dict:
                         stats[name].append(value.detach())
             if noise_scale is not None:
                 noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
+            epoch_kl = torch.stack(epoch_kls).mean()
             if args.lr_schedule == "kl-adaptive":  # skrl: after every epoch, from the epoch's mean KL
                 lr = optimizer.param_groups[0]["lr"]
-                optimizer.param_groups[0]["lr"] = kl_adaptive_lr(lr, torch.stack(epoch_kls).mean().item(),
-                                                                 args.lr_kl_target)
+                optimizer.param_groups[0]["lr"] = kl_adaptive_lr(lr, epoch_kl.item(), args.lr_kl_target)
             if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
                 break  # --target-kl: the remaining epochs are skipped
         if args.target_kl is not None:
@@ -817,6 +814,7 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
+        writer.add_scalar("losses/approx_kl_behav_last", epoch_kl.item(), global_step)  # how far the update ended
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
