@@ -584,8 +584,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
             new_logits, aux_values = policy(mb_obs)
             values = value_net(mb_obs)
             loss = aux_loss(new_logits, mb_old_logits, aux_values, values, mb_returns, beta_clone)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"aux_loss is not finite at iteration {iteration}; stopping.")
+            harness.check_finite(iteration, aux_loss=loss)
             optimizer.zero_grad()
             loss.backward()
             harness.average_gradients(policy, value_net)  # torchrun: each worker's minibatch comes from its own buffer
@@ -756,10 +755,7 @@ def train(args: Args) -> dict:
                                                 args.max_is_ratio)
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss
-                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
-                    parts = {"policy_loss": pg_loss, "entropy": entropy_loss}
-                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
-                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+                harness.check_finite(iteration, policy_loss=pg_loss, entropy=entropy_loss)
 
                 optimizer.zero_grad()
                 loss.backward()
@@ -790,8 +786,7 @@ def train(args: Args) -> dict:
             run.updating(f"value epoch {epoch + 1}/{args.value_epochs}")
             for mb_inds in epoch_minibatches(args):
                 v_loss = value_loss(value_net(b_obs[mb_inds].to(device)), b_returns[mb_inds])
-                if not torch.isfinite(v_loss):
-                    raise FloatingPointError(f"value_loss is not finite at iteration {iteration}; stopping.")
+                harness.check_finite(iteration, value_loss=v_loss)
                 optimizer.zero_grad()
                 (args.vf_coef * v_loss).backward()
                 harness.average_gradients(value_net)  # torchrun

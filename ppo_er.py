@@ -317,10 +317,7 @@ def train(args: Args) -> dict:
                 v_loss = ((new_value - b_returns[mb_inds]) ** 2).mean()  # L^V: MSE to the TD(lambda) targets
                 entropy_loss = gaussian_entropy(log_std).mean()
                 loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
-                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
-                    parts = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
-                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+                harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
                 optimizer.zero_grad()
                 loss.backward()

@@ -523,10 +523,7 @@ def train(args: Args) -> dict:
                 v_loss = value_loss(new_value, b_returns[mb_inds])
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
-                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
-                    parts = {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": entropy_loss}
-                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
-                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+                harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
                 optimizer.zero_grad()
                 loss.backward()

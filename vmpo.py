@@ -543,9 +543,7 @@ def train(args: Args) -> dict:
                 loss = v_loss + pg_loss + temperature_loss + kl_loss  # Eq. 10-11
                 parts = {"policy_loss": pg_loss, "value_loss": v_loss, "temperature_loss": temperature_loss,
                          "kl_loss": kl_loss}
-                if not torch.isfinite(loss):  # one check per step; name the culprit only when it fails
-                    name = next((k for k, v in parts.items() if not torch.isfinite(v)), "loss")
-                    raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+                harness.check_finite(iteration, **parts)
 
                 optimizer.zero_grad()
                 loss.backward()

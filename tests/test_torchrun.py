@@ -127,6 +127,60 @@ def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
         assert events.Scalars("charts/adv_std")[-1].value == pytest.approx(both.std(unbiased=False).item(), rel=1e-5)
 
 
+# --------------------------------------------------------------- decisions taken from data, on every worker
+def train_and_save_weights(rank, config, out_dir, average=True):
+    """ppo_ewma's train() with `config`; the trained weights to rank{rank}.pt. average=False: each worker decides
+    from its own shard's KL, as before the workers averaged it."""
+    os.chdir(out_dir)
+    seen, real_broadcast = {}, harness.broadcast_weights
+    harness.broadcast_weights = lambda agent: (seen.update(agent=agent), real_broadcast(agent))
+    if not average:
+        harness.mean_over_workers = lambda x: x
+    result = ppo_ewma.train(ppo_ewma.Args(**config))
+    torch.save({"weights": seen["agent"].state_dict(), "run_dir": result["run_dir"]}, f"{out_dir}/rank{rank}.pt")
+
+
+# 4 iterations of 4 epochs at a large step size: the KL grows past both options' bounds, and the two workers' shards
+# give different KLs (e.g. 0.0104 and 0.0082 in the same epoch)
+DECIDING = dict(TINY, update_epochs=4, learning_rate=0.005, total_timesteps=4 * 256)
+
+
+@pytest.mark.parametrize("option", [dict(target_kl=0.002), dict(lr_schedule="kl-adaptive")])
+def test_target_kl_and_the_kl_adaptive_step_size_decide_alike_on_every_worker(tmp_path, option):
+    run_two_workers(train_and_save_weights, dict(DECIDING, **option), str(tmp_path))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    for key, value in rank0["weights"].items():  # bit for bit, as without the option
+        assert torch.equal(value, rank1["weights"][key]), key
+    scalars = logged(str(tmp_path / rank0["run_dir"]))
+    if "target_kl" in option:  # the option acted: an iteration stopped early (without the average, Gloo aborts)
+        assert min(value for _, value in scalars["charts/update_epochs_run"]) < 4
+    else:  # the step size moved (5e-3 x 1.5^k / 1.5^j)
+        assert len({round(value, 8) for _, value in scalars["charts/learning_rate"]}) > 1
+
+
+def test_without_the_averaged_kl_the_kl_adaptive_workers_drift_apart(tmp_path):
+    # what the test above guards against: each worker adapts its step size to its own shard's KL
+    run_two_workers(train_and_save_weights, dict(DECIDING, lr_schedule="kl-adaptive"), str(tmp_path), False)
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
+    assert not all(torch.equal(value, rank1["weights"][key]) for key, value in rank0["weights"].items())
+
+
+def nan_on_one_worker(rank, out_dir):
+    os.chdir(out_dir)
+    if rank == 1:  # only worker 1's value loss is nan
+        real_value_loss = ppo_ewma.value_loss
+        ppo_ewma.value_loss = lambda values, returns: real_value_loss(values, returns) * float("nan")
+    with pytest.raises(FloatingPointError) as error:
+        ppo_ewma.train(ppo_ewma.Args(**TINY))
+    torch.save(str(error.value), f"{out_dir}/rank{rank}.pt")
+
+
+def test_a_loss_that_is_not_finite_on_one_worker_stops_both_with_one_sentence(tmp_path):
+    run_two_workers(nan_on_one_worker, str(tmp_path))  # before, worker 0 went on to wait in the gradient all-reduce
+    assert [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)] == ["value_loss is not finite at iteration 1; "
+                                                                      "stopping."] * 2
+
+
 # ------------------------------------------------------------------ gradient and moment equivalences
 class CartPoleSpaces:
     single_observation_space = ppo_ewma.gym.spaces.Box(-5.0, 5.0, (4,), dtype=np.float32)
