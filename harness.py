@@ -16,6 +16,7 @@ This module never imports a script and holds no algorithm.
 """
 import ctypes
 import dataclasses
+import difflib
 import importlib.util
 import os
 import pickle
@@ -151,6 +152,18 @@ def start(args, script: Script) -> "Run":
 def plural(count: int, noun: str) -> str:
     """ "1 iteration", "2 iterations"."""
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def duration(seconds: float) -> str:
+    """A duration as people read it: "42 s", "3 min 20 s", "3 h 12 min", "20.2 d"."""
+    minutes, hours = round(seconds) // 60, round(seconds / 60) // 60
+    if seconds < 59.5:
+        return f"{seconds:.0f} s"
+    if seconds < 3600 - 0.5:
+        return f"{minutes} min {round(seconds) % 60} s"
+    if seconds < 86400 - 30:
+        return f"{hours} h {round(seconds / 60) % 60} min"
+    return f"{seconds / 86400:.1f} d"
 
 
 def title(script: Script) -> str:
@@ -382,7 +395,9 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
             raise SystemExit(f"--env-id {env_id} needs the procgen package: pip install -r requirements.txt.")
         return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
     if env_id not in gym.registry:
-        raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env.")
+        close = difflib.get_close_matches(env_id, [*procgen_games, *gym.registry], n=1)
+        raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env"
+                         + (f"; did you mean {close[0]}?" if close else "."))
     try:
         env = gym.make(env_id)
     except gym.error.Error as error:
@@ -548,7 +563,7 @@ class Progress:
             text += "in the first iteration"
         else:
             sps = (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
-            text += f"SPS {sps:,.0f}  ETA {(self.total - step) / max(sps, 1e-9):.0f} s"
+            text += f"SPS {sps:,.0f}  ETA {duration((self.total - step) / max(sps, 1e-9))}"
         return text + (f"  {self.status}" if self.status else "")
 
     def update(self, step: int, episode_returns, force: bool = False) -> None:
@@ -572,7 +587,7 @@ class Progress:
 
     def print_line(self, step: int, episode_returns) -> None:
         print(f"step {step:,}/{self.total:,} ({100 * step / self.total:.0f}%)  {self.summary(step, episode_returns)}  "
-              f"elapsed {time.monotonic() - self.start_time:.0f} s", flush=True)
+              f"elapsed {duration(time.monotonic() - self.start_time)}", flush=True)
 
     def close(self, step: int, episode_returns) -> None:
         self.status = ""

@@ -112,15 +112,17 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """span of the advantage mean/std EWMA, in iterations (1: this iteration's batch only)"""
 
     target_kl: Optional[float] = None
-    """stop the iteration's remaining epochs at the first minibatch whose k3 estimate of KL[pi_behav || pi],
-    (r - 1) - log r with r = pi/pi_behav, exceeds this, checked before its step (skrl's kl_threshold); off by default"""
+    """skip the iteration's remaining minibatches and epochs from the first minibatch whose k3 estimate of
+    KL[pi_behav || pi], (r - 1) - log r with r = pi/pi_behav, exceeds this before its step (as SB3, whose bound is
+    1.5 x its target_kl; skrl's kl_threshold skips only the rest of that epoch); off by default"""
     clip_vloss: bool = False
     """clip the value loss around the rollout's values: max of the plain and the clipped squared error (PPO2
-    baselines, CleanRL; skrl instead replaces the prediction by the clipped one), clip range --clip-coef"""
+    baselines, CleanRL; skrl and SB3 instead replace the prediction by the clipped one), clip range --clip-coef"""
     lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
     """multiplies the step size (after --batch-divisor's adjustment): constant (the paper); linear to 0 over the
     run (PPO paper, CleanRL's --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the
-    epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]"""
+    epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]
+    (torchrun: both KL decisions take the mean over all workers)"""
     lr_kl_target: float = 0.008
     """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
     noise_scale: bool = False
@@ -653,6 +655,9 @@ def train(args: Args) -> dict:
         if args.update_epochs > 1:
             print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
                   f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
+        if args.lr_schedule == "kl-adaptive":
+            print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
+                  "size, and so undoes the batch divisor's step-size adjustment.")
 
     agent = Agent(envs).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights

@@ -137,9 +137,15 @@ def test_progress_line_counts_whole_iterations_and_says_what_the_update_is_doing
     assert lines == [
         "step 200/1,000 (20%)  mean_return 2.00  in the first iteration  updating: epoch 2/2  elapsed 40 s",
         # ETA = (1000 - 300) steps / (200 / 60 steps a second) = 210 s
-        "step 300/1,000 (30%)  mean_return 3.00  SPS 3  ETA 210 s  elapsed 70 s",
-        "step 400/1,000 (40%)  mean_return 3.00  SPS 3  ETA 180 s  elapsed 80 s",
+        "step 300/1,000 (30%)  mean_return 3.00  SPS 3  ETA 3 min 30 s  elapsed 1 min 10 s",
+        "step 400/1,000 (40%)  mean_return 3.00  SPS 3  ETA 3 min 0 s  elapsed 1 min 20 s",
     ]
+
+
+def test_durations_read_as_people_read_them():
+    # the main job's ETA on a CPU, 1,747,442 s = 20.2 days; 3 h 12 min = 11,520 s
+    assert [harness.duration(s) for s in (42, 200, 11_520, 1_747_442)] == ["42 s", "3 min 20 s", "3 h 12 min", "20.2 d"]
+    assert [harness.duration(s) for s in (59.6, 3599.6, 86_399)] == ["1 min 0 s", "1 h 0 min", "1.0 d"]  # rounded up
 
 
 def test_tune_cpu_picks_threads_by_torso():
@@ -331,6 +337,20 @@ def test_a_vector_env_with_the_procgen_sizes_gets_the_cpu_recipe_as_a_suggestion
     harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_envs=8), ppo_ewma.SCRIPT)  # sizes chosen: quiet
     harness.suggest_recipe(ppo_ewma.Args(), ppo_ewma.SCRIPT)  # Procgen
     assert capsys.readouterr().out == ""
+
+
+def test_an_unknown_env_id_is_refused_with_the_closest_name(tmp_path, monkeypatch):
+    import ppo_ewma
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"^--env-id 'starpilott' is neither a Procgen game nor a registered "
+                                         r"Gymnasium env; did you mean starpilot\?$"):
+        ppo_ewma.train(ppo_ewma.Args(env_id="starpilott"))
+    with pytest.raises(SystemExit, match=r"; did you mean HalfCheetah-v5\?$"):
+        harness.env_spaces("Halfcheetah-v5")
+    with pytest.raises(SystemExit, match=r"registered Gymnasium env\.$"):  # nothing close: no guess
+        harness.env_spaces("xyzzy", ppo_ewma.PROCGEN_GAMES)
+    assert not os.path.exists("runs")
 
 
 def test_recipes_are_read_from_a_docstring_with_their_continuation_lines():

@@ -468,11 +468,16 @@ def test_value_term_of_the_total_loss_is_half_the_mse():
     assert Args().vf_coef * v_loss.item() == pytest.approx(1.25)
 
 
-def test_warning_when_epochs_break_invariance(tmp_path, monkeypatch, capsys):
+def test_warning_when_epochs_or_the_kl_adaptive_step_size_break_invariance(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    ppo_ewma.train(Args(env_id="CartPole-v1", num_envs=4, batch_divisor=2, num_steps=8, num_minibatches=2,
-                        update_epochs=2, total_timesteps=16, cuda=False))
-    assert "Sec. 4 requires 1 policy epoch" in capsys.readouterr().out
+    config = dict(env_id="CartPole-v1", num_envs=4, batch_divisor=2, num_steps=8, num_minibatches=2,
+                  total_timesteps=16, cuda=False)
+    ppo_ewma.train(Args(update_epochs=2, **config))
+    out = capsys.readouterr().out
+    assert "Sec. 4 requires 1 policy epoch" in out and "kl-adaptive" not in out
+    ppo_ewma.train(Args(update_epochs=1, lr_schedule="kl-adaptive", **config))
+    out = capsys.readouterr().out
+    assert "Sec. 4" not in out and "warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds" in out
 
 
 # ------------------------------------------------------------- checkpoints, resume, evaluation
@@ -679,6 +684,19 @@ def test_target_kl_cuts_the_epochs_and_logs_how_many_ran(tmp_path, monkeypatch):
     assert [value for _, value in stopped["charts/update_epochs_run"]] == [0.5, 0.5]
     full = scalars_with_steps(ppo_ewma.train(Args(exp_name="full", target_kl=1e3, **config))["run_dir"])
     assert [value for _, value in full["charts/update_epochs_run"]] == [4.0, 4.0]
+
+
+def test_the_kl_to_pi_behav_is_logged_as_the_iteration_mean_and_the_last_epoch_mean(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    kls = []  # every minibatch's k3 estimate of KL[pi_behav || pi], before its step
+    monkeypatch.setattr(harness, "mean_over_workers", lambda x: kls.append(x.item()) or x if x.dim() == 0 else x)
+    config = dict(TINY_CARTPOLE, total_timesteps=2 * 64, update_epochs=3, learning_rate=1e-2)
+    logged = scalars_with_steps(ppo_ewma.train(Args(exp_name="kl", **config))["run_dir"])
+    first, second = kls[:6], kls[6:]  # 2 iterations of 3 epochs x 2 minibatches
+    assert [v for _, v in logged["losses/approx_kl_behav"]] == pytest.approx([np.mean(first), np.mean(second)])
+    assert [v for _, v in logged["losses/approx_kl_behav_last"]] == pytest.approx([np.mean(first[4:]),
+                                                                                   np.mean(second[4:])])
+    assert first[4:] > first[:2]  # the policy moves away from pi_behav epoch by epoch: the mean understates the end
 
 
 def test_learning_rate_schedules_are_logged(tmp_path, monkeypatch):
