@@ -295,9 +295,13 @@ class Run:
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
         """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
-        if self.command_args.save_model and self.rank == 0:
+        saved = self.command_args.save_model and self.rank == 0
+        if saved:
             self.save("model.pt", iteration, global_step, next_obs, next_done, **extra)
         self.close(global_step)
+        if saved:
+            path = os.path.join(self.run_dir, "model.pt")
+            print(f"saved {path}; play it: python {self.script.name} --eval-checkpoint {shlex.quote(path)}")
         mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
         return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
 
@@ -469,21 +473,34 @@ def recipes(doc: str) -> list:
 
 
 def suggest_recipe(args, script: Script) -> None:
-    """A non-Procgen env run with the Procgen-sized defaults: name the script's CPU recipe for that env family."""
+    """A non-Procgen env run with the Procgen-sized defaults: name the script's CPU recipe for that env family: the
+    env's own recipe, else the first one for an env with the same kind of actions, looked for first among envs of
+    the same package (so that a CartPole run builds no MuJoCo env)."""
     defaults = script.args_type()
     if (args.env_id in script.procgen_games or defaults.env_id not in script.procgen_games
             or (args.num_envs, args.num_steps) != (defaults.num_envs, defaults.num_steps)):
         return
     continuous = isinstance(env_spaces(args.env_id)[1], gym.spaces.Box)
-    candidates = []  # (not this env, command) of the recipes for the same action type
+    package = env_package(args.env_id)
+    commands = {}  # env id -> its first recipe
     for command in recipes(script.doc):
         words = shlex.split(command)
         env_id = words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id
-        if env_id not in script.procgen_games and isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:
-            candidates.append((env_id != args.env_id, command))
-    if candidates:
-        print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x {args.num_steps} "
-              f"steps, gamma {args.gamma}); a recipe for such envs is: {min(candidates)[1]}")
+        if env_id not in script.procgen_games:
+            commands.setdefault(env_id, command)
+    ordered = sorted(commands, key=lambda env_id: (env_id != args.env_id, env_package(env_id) != package))
+    for env_id in ordered:  # an env is built only when the ones before it did not match
+        if env_id == args.env_id or isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:
+            print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x "
+                  f"{args.num_steps} steps, gamma {args.gamma}); a recipe for such envs is: {commands[env_id]}")
+            return
+
+
+def env_package(env_id: str) -> str:
+    """The module that holds a registered env's class, e.g. gymnasium.envs.classic_control."""
+    entry_point = gym.spec(env_id).entry_point
+    module = entry_point.split(":")[0] if isinstance(entry_point, str) else entry_point.__module__
+    return module.rsplit(".", 1)[0]
 
 
 # ---------------------------------------------------------------------------- device, CPU, run directory
@@ -556,9 +573,12 @@ class Progress:
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
                             dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
-    def summary(self, step: int, episode_returns) -> str:
-        mean_return = float(np.mean(episode_returns)) if len(episode_returns) else float("nan")
-        text = f"mean_return {mean_return:.2f}  "
+    def summary(self, step: int, episode_returns, bar: bool = False) -> str:
+        """The status line; `bar`: the bar's shorter one, where a status replaces SPS and ETA (both move only at an
+        iteration's end), so that bar and status fit 80 columns."""
+        text = "mean_return " + (f"{float(np.mean(episode_returns)):.2f}" if len(episode_returns) else "-") + "  "
+        if bar and self.status:
+            return text + self.status
         if self.done is None:
             text += "in the first iteration"
         else:
@@ -572,7 +592,7 @@ class Progress:
             self.bar.update(step - self.bar.n)
             if force or now - self.last_line >= 1:
                 self.last_line = now
-                self.bar.set_postfix_str(self.summary(step, episode_returns))
+                self.bar.set_postfix_str(self.summary(step, episode_returns, bar=True))
         elif force or now - self.last_line >= PROGRESS_EVERY:
             self.last_line = now
             self.print_line(step, episode_returns)
@@ -592,7 +612,7 @@ class Progress:
     def close(self, step: int, episode_returns) -> None:
         self.status = ""
         if self.bar is not None:
-            self.bar.set_postfix_str(self.summary(step, episode_returns))
+            self.bar.set_postfix_str(self.summary(step, episode_returns, bar=True))
             self.bar.close()
         else:
             self.print_line(step, episode_returns)
@@ -641,8 +661,10 @@ def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
         raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
     # a checkpoint of an older version of the script lacks the flags added since: they take their defaults
     field_names = {field.name for field in dataclasses.fields(script.args_type)}
-    if (not isinstance(checkpoint, dict) or checkpoint.get("script", script.name) != script.name
-            or not set(checkpoint.get("args", ())) <= field_names or "models" not in checkpoint):
+    written_by = checkpoint.get("script", script.name) if isinstance(checkpoint, dict) else script.name
+    if written_by != script.name:  # older checkpoints do not name their script
+        raise SystemExit(f"{flag} {path} is a {written_by} checkpoint, not a {script.name} one: run {written_by}.")
+    if not (isinstance(checkpoint, dict) and set(checkpoint.get("args", ())) <= field_names and "models" in checkpoint):
         raise SystemExit(f"{flag} {path} is not a {script.name} checkpoint.")
     return checkpoint
 

@@ -1,12 +1,13 @@
 """Learning curves and tables from TensorBoard event files.
 
 Runs are grouped into variants by a regular expression over their directory names
-(`{env_id}__{exp_name}__{seed}__{time}`); its first group names the variant (default: the exp_name).
-For every variant it draws the mean over seeds of the episodic return against environment steps, with a
-band of +-1 std over seeds, and prints a Markdown table of the final return: each seed's mean over the
-last `--window` fraction of its steps, then mean +- std over seeds. `--label REGEX=TEXT` names a variant in
-the legend; a caption under the plot says what a curve is. The runs of one variant must share an env id
-(the run directory's name starts with it): a pattern that would average CartPole with starpilot is refused.
+(`{env_id}__{exp_name}__{seed}__{time}`); its first group names the variant (default: the exp_name, and the
+env id too when the runs hold several envs). For every variant it draws the mean over seeds of the episodic
+return against environment steps, with a band of +-1 std over seeds, and prints a Markdown table of the final
+return: each seed's mean over the last `--window` fraction of its steps, then mean +- std over seeds.
+`--label REGEX=TEXT` names a variant in the legend; a caption under the plot says what a curve is. A variant
+holds one run per seed and one env id: a pattern that would average CartPole with starpilot, or count a seed
+twice, is refused; runs of different lengths in one variant are drawn with a warning.
 
 `--divisor-regex` turns on the Fig. 3 measure of the paper: variants whose names differ only in the
 batch divisor c form a family, and the table gives each family's final return at the largest batch
@@ -20,6 +21,8 @@ import argparse
 import glob
 import os
 import re
+import shlex
+import sys
 import textwrap
 import warnings
 from collections import defaultdict
@@ -43,6 +46,22 @@ def natural_key(name):
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
+EXP_NAME = r"__(.+)__\d+__\d+$"  # the default --group: a variant per exp_name
+ENV_AND_EXP_NAME = r"^(.+__.+)__\d+__\d+$"  # ... or per env id and exp_name, when the runs hold several envs
+
+
+def name_parts(run_dir):
+    """(env id, seed) from a run directory's name {env_id}__{exp_name}__{seed}__{time}."""
+    parts = os.path.basename(os.path.normpath(run_dir)).split("__")
+    return parts[0], int(parts[-2])
+
+
+def default_group(run_dirs):
+    """The default --group: EXP_NAME, or ENV_AND_EXP_NAME when the run directories hold several env ids."""
+    runs = [d for d in run_dirs if re.search(EXP_NAME, os.path.basename(os.path.normpath(d)))]
+    return EXP_NAME if len({name_parts(d)[0] for d in runs}) <= 1 else ENV_AND_EXP_NAME
+
+
 def group_runs(run_dirs, pattern):
     """{variant: [run_dir, ...]} in natural order of the variants; a run whose name does not match is skipped."""
     groups = defaultdict(list)
@@ -53,13 +72,34 @@ def group_runs(run_dirs, pattern):
     return {name: groups[name] for name in sorted(groups, key=natural_key)}
 
 
-def check_one_env_per_variant(groups, pattern):
-    """Stop when a variant holds runs of different env ids: their mean would mix unrelated returns."""
+def check_variants(groups, pattern):
+    """Stop when a variant holds runs of different env ids (their mean would mix unrelated returns) or two runs of
+    one seed (a curve of "3 seeds" may be one seed three times)."""
     for name, dirs in groups.items():
-        env_ids = sorted({os.path.basename(os.path.normpath(d)).split("__")[0] for d in dirs})
+        env_ids = sorted({name_parts(d)[0] for d in dirs})
         if len(env_ids) > 1:
-            raise SystemExit(f"--group {pattern!r} puts runs of different envs ({', '.join(env_ids)}) into the "
-                             f"variant {name!r}; anchor the pattern on one env id, e.g. '^{env_ids[0]}__(...)'.")
+            raise SystemExit(f"--group {shlex.quote(pattern)} puts runs of different envs ({', '.join(env_ids)}) into "
+                             f"the variant {name!r}; anchor the pattern on one env id, e.g. "
+                             f"{shlex.quote('^' + env_ids[0] + '__(...)')}.")
+        seeds = [name_parts(d)[1] for d in dirs]
+        twice = sorted({seed for seed in seeds if seeds.count(seed) > 1})
+        if twice:
+            same = [os.path.basename(os.path.normpath(d)) for d in dirs if name_parts(d)[1] == twice[0]]
+            raise SystemExit(f"--group {shlex.quote(pattern)} puts {len(same)} runs of seed {twice[0]} into the variant "
+                             f"{name!r} ({', '.join(same)}); keep one run per seed, or tell the runs apart with --group.")
+
+
+def warn_of_unequal_lengths(groups, tag):
+    """A variant whose runs end at different env steps (charts/SPS's last step, else the tag's): its mean drops or
+    jumps where the shorter runs end, and its final returns average different windows."""
+    for name, dirs in groups.items():
+        lengths = []
+        for d in dirs:
+            steps = read_scalars(d, "charts/SPS")[0]
+            lengths.append(int((steps if len(steps) else read_scalars(d, tag)[0]).max(initial=0)))
+        if len(set(lengths)) > 1:
+            print(f"warning: the runs of the variant {name!r} end at {min(lengths):,} to {max(lengths):,} steps: its "
+                  f"curve averages fewer seeds after the shortest run ends.", file=sys.stderr)
 
 
 def parse_labels(rules):
@@ -250,18 +290,27 @@ def plot(groups, tag, out, title, labels=(), threshold=None, num_bins=40):
     return legend, text
 
 
+class ShowDefaults(argparse.HelpFormatter):
+    """--help gives each flag's default, where it has one."""
+
+    def _get_help_string(self, action):
+        shown = action.default not in (None, "", [], argparse.SUPPRESS)
+        return action.help + (" (default: %(default)s)" if shown else "")
+
+
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=ShowDefaults)
     parser.add_argument("runs", help="folder whose subfolders are run directories")
-    parser.add_argument("--group", default=r"__(.+)__\d+__\d+$", help="regex; group 1 names a run's variant")
-    parser.add_argument("--tag", default="charts/episodic_return")
+    parser.add_argument("--group", help=f"regex; group 1 names a run's variant (default: {EXP_NAME}, or "
+                        f"{ENV_AND_EXP_NAME} when the runs hold several env ids)")
+    parser.add_argument("--tag", default="charts/episodic_return", help="the scalar to draw and tabulate")
     parser.add_argument("--window", type=float, default=0.1, help="final fraction of steps that the table averages")
     parser.add_argument("--divisor-regex", help="regex whose group 1 is the batch divisor c in a variant's name")
     parser.add_argument("--pivot", help="regex with two groups (row, column) of a variant's name: print a grid")
     parser.add_argument("--threshold", type=float, help="also print each seed's first step at which the mean of its "
                         "last 100 values reaches this")
     parser.add_argument("--out", help="PNG to write (no plot without it)")
-    parser.add_argument("--title", default="")
+    parser.add_argument("--title", default="", help="the plot's title")
     parser.add_argument("--per", metavar="TAG", help="table only: divide each seed's final --tag value by its final "
                         "value of TAG (e.g. charts/grad_noise_trace per charts/grad_sq_norm: B_simple over the window)")
     parser.add_argument("--bins", type=int, default=40, help="bins of env steps in the plot (about 10 for --eval-every "
@@ -271,10 +320,13 @@ def main(argv=None):
                         "TEXT may use REGEX's groups as \\1)")
     args = parser.parse_args(argv)
     labels = parse_labels(args.label)
-    groups = group_runs(glob.glob(os.path.join(args.runs, "*", "")), args.group)
+    run_dirs = glob.glob(os.path.join(args.runs, "*", ""))
+    pattern = args.group or default_group(run_dirs)
+    groups = group_runs(run_dirs, pattern)
     if not groups:
-        raise SystemExit(f"no run directory under {args.runs} matches --group {args.group!r}")
-    check_one_env_per_variant(groups, args.group)
+        raise SystemExit(f"no run directory under {args.runs} matches --group {shlex.quote(pattern)}")
+    check_variants(groups, pattern)
+    warn_of_unequal_lengths(groups, args.tag)
     finals = summarize(groups, args.tag, args.window, args.per)
     groups = {name: dirs for name, dirs in groups.items() if not np.all(np.isnan(finals[name]))}  # tag logged
     finals = {name: finals[name] for name in groups}

@@ -8,6 +8,7 @@ were first recorded at commit f363de8, the last commit before harness.py existed
 run plumbing into harness.py logged exactly those numbers.
 """
 import glob
+import io
 import json
 import os
 import re
@@ -142,6 +143,29 @@ def test_progress_line_counts_whole_iterations_and_says_what_the_update_is_doing
     ]
 
 
+def test_the_bar_keeps_its_status_whole_at_80_columns(monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    monkeypatch.setattr(sys, "stdout", Terminal())
+    clock = [1000.0]
+    monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
+    progress = harness.Progress(total_steps=100_000_000, start_step=0)
+    progress.bar.dynamic_ncols, progress.bar.ncols = False, 80
+    progress.update(65_536, [])
+    progress.set_status("updating: epoch 3/3")  # no episode has ended yet
+    clock[0] += 8.0
+    progress.iteration_done(65_536)  # 8,192 steps a second
+    progress.update(1_234_567, [-1234.56] * 3, force=True)
+    progress.set_status("updating: value epoch 10/10")
+    lines = sys.stdout.getvalue().split("\r")
+    assert lines[-3].endswith(" 65.5k/100M [00:00, mean_return -  updating: epoch 3/3]")
+    # ETA (100M - 1,234,567) / 8,192 = 12,056 s
+    assert lines[-2].endswith(" 1.23M/100M [00:00, mean_return -1234.56  SPS 8,192  ETA 3 h 21 min]")
+    assert lines[-1].endswith(" 1.23M/100M [00:00, mean_return -1234.56  updating: value epoch 10/10]")
+    assert all(len(line) <= 80 and "|" in line for line in lines[-3:])  # a bar, however short
+
+
 def test_durations_read_as_people_read_them():
     # the main job's ETA on a CPU, 1,747,442 s = 20.2 days; 3 h 12 min = 11,520 s
     assert [harness.duration(s) for s in (42, 200, 11_520, 1_747_442)] == ["42 s", "3 min 20 s", "3 h 12 min", "20.2 d"]
@@ -251,7 +275,7 @@ def test_eval_every_logs_the_eval_return_at_each_mark_and_changes_nothing_learne
     assert module.Args().eval_every == 0
 
 
-def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp_path, monkeypatch):
+def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     import ppo_ewma
 
@@ -261,6 +285,9 @@ def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp
         saved.append((os.path.basename(path), checkpoint["iteration"])), real_save(path, checkpoint)))
     result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=50))
     assert saved == [("checkpoint.pt", 3), ("model.pt", 3)]  # 50 is never reached; the last iteration is 3
+    model = os.path.join(result["run_dir"], "model.pt")  # the run's last line says where it went
+    assert capsys.readouterr().out.splitlines()[-1] == (f"saved {model}; play it: python ppo_ewma.py "
+                                                        f"--eval-checkpoint {model}")
     saved.clear()
     ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=0, save_model=False))
     assert saved == []
@@ -297,8 +324,13 @@ def test_a_checkpoint_of_another_script_is_refused_in_one_sentence(tmp_path, mon
     with pytest.raises(SystemExit, match=r"is not a ppo_ewma\.py checkpoint\.$"):
         ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=other))
     result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=64))  # a new checkpoint names its script
-    with pytest.raises(SystemExit, match=r"is not a ppg_ewma\.py checkpoint\.$"):
+    with pytest.raises(SystemExit, match=r"checkpoint\.pt is a ppo_ewma\.py checkpoint, not a ppg_ewma\.py one: run "
+                                         r"ppo_ewma\.py\.$"):
         ppg_ewma.train(ppg_ewma.Args(resume=os.path.join(result["run_dir"], "checkpoint.pt")))
+    import vmpo
+
+    with pytest.raises(SystemExit, match=r"model\.pt is a ppo_ewma\.py checkpoint, not a vmpo\.py one"):
+        vmpo.train(vmpo.Args(eval_checkpoint=os.path.join(result["run_dir"], "model.pt")))
 
 
 def test_resume_command_repeats_the_output_flags_that_differ_from_the_defaults():
@@ -321,11 +353,17 @@ def test_fewer_steps_than_one_iteration_are_refused_before_any_work(tmp_path, mo
     assert not os.path.exists("runs")
 
 
-def test_a_vector_env_with_the_procgen_sizes_gets_the_cpu_recipe_as_a_suggestion(capsys):
+def test_a_vector_env_with_the_procgen_sizes_gets_the_cpu_recipe_as_a_suggestion(capsys, tmp_path, monkeypatch):
     import ppo_ewma
 
+    monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
+    built, make = [], harness.gym.make
+    monkeypatch.setattr(harness.gym, "make", lambda env_id, **kwargs: built.append(env_id) or make(env_id, **kwargs))
     harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1"), ppo_ewma.SCRIPT)
-    (line,) = capsys.readouterr().out.splitlines()
+    harness.suggest_recipe(ppo_ewma.Args(env_id="CartPole-v1"), ppo_ewma.SCRIPT)
+    assert built == ["Acrobot-v1", "CartPole-v1", "CartPole-v1"]  # classic control only: no MuJoCo env is built
+    line, cartpole = capsys.readouterr().out.splitlines()
+    assert cartpole.endswith(next(r for r in harness.recipes(ppo_ewma.__doc__) if "CartPole-v1" in r))
     recipe = next(r for r in harness.recipes(ppo_ewma.__doc__) if "CartPole-v1" in r)
     assert line == ("note: --env-id Acrobot-v1 runs with the Procgen sizes (256 envs x 256 steps, gamma 0.999); "
                     f"a recipe for such envs is: {recipe}")

@@ -111,13 +111,38 @@ def test_caption_says_what_a_curve_and_the_threshold_are():
     assert "where each seed's 100-episode running mean first reaches 450 (not the binned curve" in text
 
 
-def test_runs_of_different_envs_in_one_variant_are_refused(tmp_path, capsys):
-    # the default --group names a variant by exp_name alone: "speed" would average CartPole with starpilot
+def test_the_default_grouping_keeps_envs_apart_and_a_pattern_that_mixes_them_is_refused(tmp_path, capsys):
     write_run(tmp_path, "CartPole-v1__speed__1__100", [(0, 10), (100, 500)])
     write_run(tmp_path, "starpilot__speed__1__101", [(0, 2), (100, 3)])
-    with pytest.raises(SystemExit, match=r"different envs \(CartPole-v1, starpilot\) into the variant 'speed'"):
-        plot.main([str(tmp_path)])
+    plot.main([str(tmp_path)])  # two envs: a variant per env id and exp_name
+    assert "| CartPole-v1__speed | 1 | 500.0 |\n| starpilot__speed | 1 | 3 |" in capsys.readouterr().out
+    # grouped by exp_name alone, "speed" would average CartPole with starpilot; the message's patterns paste back
+    with pytest.raises(SystemExit, match=r"^--group '__\(\.\+\)__\\d\+__\\d\+\$' puts runs of different envs "
+                                         r"\(CartPole-v1, starpilot\) into the variant 'speed'; anchor the pattern on "
+                                         r"one env id, e\.g\. '\^CartPole-v1__\(\.\.\.\)'\.$"):
+        plot.main([str(tmp_path), "--group", plot.EXP_NAME])
     assert capsys.readouterr().out == ""  # refused before any table is printed
     # one env per variant is fine, even when the variants are different envs (vmpo.sh groups by env)
     plot.main([str(tmp_path), "--group", r"^([A-Za-z]+)(?:-v\d+)?__speed__\d+__\d+$"])
     assert "| CartPole | 1 | 500.0 |" in capsys.readouterr().out
+
+
+def test_a_seed_counted_twice_is_refused_and_unequal_lengths_are_warned_of(runs, capsys):
+    # a second, shorter run of seed 1 in a_c1 (a restarted run): "(3 seeds)" would be seed 1 twice
+    write_run(runs, "CartPole-v1__a_c1__1__200", [(0, 10), (50, 0)])
+    with pytest.raises(SystemExit, match=r"puts 2 runs of seed 1 into the variant 'a_c1' \(CartPole-v1__a_c1__1__100, "
+                                         r"CartPole-v1__a_c1__1__200\); keep one run per seed"):
+        plot.main([str(runs)])
+    os.rename(runs / "CartPole-v1__a_c1__1__200", runs / "CartPole-v1__a_c1__3__200")  # seed 3, which ends at 50
+    plot.main([str(runs)])
+    assert capsys.readouterr().err == ("warning: the runs of the variant 'a_c1' end at 50 to 100 steps: its curve "
+                                       "averages fewer seeds after the shortest run ends.\n")
+
+
+def test_help_gives_the_defaults(capsys):
+    with pytest.raises(SystemExit):
+        plot.main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--tag TAG the scalar to draw and tabulate (default: charts/episodic_return)" in text
+    assert "--window WINDOW final fraction of steps that the table averages (default: 0.1)" in text
+    assert "--title TITLE the plot's title" in text and "(default: None)" not in text
