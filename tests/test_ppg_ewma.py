@@ -472,14 +472,16 @@ def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys
 
 def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="quiet", total_timesteps=512))
+    result = ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="quiet", total_timesteps=512))
     out = capsys.readouterr().out
     assert "\r" not in out
     lines = out.splitlines()
     assert lines[0].startswith("PPG and PPG-EWMA") and "Phasic policy gradient" in lines[0]
     assert lines[4] == "  steps      512 in 4 iterations of 128 (4 envs x 32 steps), phases of 2"
     assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
-    assert len(lines) == 7 and lines[6].startswith("step 512/512 (100%)")
+    assert len(lines) == 8 and lines[6].startswith("step 512/512 (100%)")
+    model = os.path.join(result["run_dir"], "model.pt")
+    assert lines[7] == f"saved {model}; play it: python ppg_ewma.py --eval-checkpoint {model}"
 
 
 def test_noise_scale_estimates_by_hand():

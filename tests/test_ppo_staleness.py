@@ -2,6 +2,7 @@
 import dataclasses
 import glob
 import math
+import os
 import time
 from typing import Optional
 
@@ -319,9 +320,11 @@ def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys
 
 def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    train(Args(exp_name="quiet", staleness=2, **TINY_CARTPOLE))
+    result = train(Args(exp_name="quiet", staleness=2, **TINY_CARTPOLE))
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("PPO on artificially stale data") and "Sec. 5.1" in lines[0]
     assert lines[4] == "  steps      384 in 6 iterations of 64 (2 envs x 32 steps), 4 of them trained on"
     assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
-    assert len(lines) == 7 and lines[6].startswith("step 384/384 (100%)")
+    assert len(lines) == 8 and lines[6].startswith("step 384/384 (100%)")
+    model = os.path.join(result["run_dir"], "model.pt")
+    assert lines[7] == f"saved {model}; play it: python ppo_staleness.py --eval-checkpoint {model}"

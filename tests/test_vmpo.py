@@ -488,7 +488,9 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(m
                           f"  run dir    {result['run_dir']}",
                           "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
     assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
-    assert len(lines) == 7 and lines[6].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each
+    assert len(lines) == 8 and lines[6].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each
+    model = os.path.join(result["run_dir"], "model.pt")
+    assert lines[7] == f"saved {model}; play it: python vmpo.py --eval-checkpoint {model}"
 
 
 def test_impala_cnn_has_the_official_init():
