@@ -10,7 +10,7 @@
 #   com$BEST-tkl    the best centre of mass of the first part (by its mean over envs of final return / PPO's), anchored
 #   ppo-tkl         PPO with the same anchor, to tell the anchor's effect from the EWMA's
 # Fixed before the runs: the final return is each seed's mean over its last 10% of steps (100k); the thresholds
-# are 1,000 (HalfCheetah), 1,500 (Hopper, Walker2d); --target-kl 0.02, about twice PPO's last-epoch KL.
+# are 1,000 (HalfCheetah), 1,500 (Hopper, Walker2d); --target-kl 0.02 (Spinning Up stops at 1.5 x 0.01).
 # Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
 # unfinished runs with --resume and skips the finished ones (model.pt). Stop it with Ctrl-C, or
 # `kill -TERM -- -PGID` when started with setsid. `bash benchmark/mujoco_ewma.sh --list` prints the runs.
