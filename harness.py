@@ -156,14 +156,12 @@ def plural(count: int, noun: str) -> str:
 
 def duration(seconds: float) -> str:
     """A duration as people read it: "42 s", "3 min 20 s", "3 h 12 min", "20.2 d"."""
-    minutes, hours = round(seconds) // 60, round(seconds / 60) // 60
-    if seconds < 59.5:
-        return f"{seconds:.0f} s"
-    if seconds < 3600 - 0.5:
-        return f"{minutes} min {round(seconds) % 60} s"
-    if seconds < 86400 - 30:
-        return f"{hours} h {round(seconds / 60) % 60} min"
-    return f"{seconds / 86400:.1f} d"
+    whole, minutes = round(seconds), round(seconds / 60)
+    if whole < 60:
+        return f"{whole} s"
+    if minutes < 60:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
 
 
 def title(script: Script) -> str:
@@ -474,33 +472,27 @@ def recipes(doc: str) -> list:
 
 def suggest_recipe(args, script: Script) -> None:
     """A non-Procgen env run with the Procgen-sized defaults: name the script's CPU recipe for that env family: the
-    env's own recipe, else the first one for an env with the same kind of actions, looked for first among envs of
-    the same package (so that a CartPole run builds no MuJoCo env)."""
+    env's own, else the first for an env with the same kind of actions, sought first in the env's own package (a
+    CartPole run builds no MuJoCo env)."""
     defaults = script.args_type()
     if (args.env_id in script.procgen_games or defaults.env_id not in script.procgen_games
             or (args.num_envs, args.num_steps) != (defaults.num_envs, defaults.num_steps)):
         return
-    continuous = isinstance(env_spaces(args.env_id)[1], gym.spaces.Box)
-    package = env_package(args.env_id)
-    commands = {}  # env id -> its first recipe
+    continuous, commands = isinstance(env_spaces(args.env_id)[1], gym.spaces.Box), {}  # env id -> its first recipe
     for command in recipes(script.doc):
         words = shlex.split(command)
-        env_id = words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id
-        if env_id not in script.procgen_games:
-            commands.setdefault(env_id, command)
-    ordered = sorted(commands, key=lambda env_id: (env_id != args.env_id, env_package(env_id) != package))
-    for env_id in ordered:  # an env is built only when the ones before it did not match
-        if env_id == args.env_id or isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:
+        commands.setdefault(words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id, command)
+    for env_id in sorted([env_id for env_id in commands if env_id not in script.procgen_games],
+                         key=lambda env_id: (env_id != args.env_id, env_package(env_id) != env_package(args.env_id))):
+        if env_id == args.env_id or isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:  # built lazily
             print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x "
                   f"{args.num_steps} steps, gamma {args.gamma}); a recipe for such envs is: {commands[env_id]}")
             return
 
 
 def env_package(env_id: str) -> str:
-    """The module that holds a registered env's class, e.g. gymnasium.envs.classic_control."""
-    entry_point = gym.spec(env_id).entry_point
-    module = entry_point.split(":")[0] if isinstance(entry_point, str) else entry_point.__module__
-    return module.rsplit(".", 1)[0]
+    """The package of a registered env's class, e.g. gymnasium.envs.classic_control."""
+    return str(gym.spec(env_id).entry_point).split(":")[0].rsplit(".", 1)[0]
 
 
 # ---------------------------------------------------------------------------- device, CPU, run directory
