@@ -132,8 +132,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
 
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
-    ewma_com: float = 8.0
-    """centre of mass of the proximal-policy EWMA in gradient steps, 1/(1-beta_prox) - 1 (8: beta_prox 0.889)"""
+    ewma_com: Optional[float] = None
+    """centre of mass of the proximal-policy EWMA in gradient steps, 1/(1-beta_prox) - 1; default: 8 for discrete
+    actions (the paper: beta_prox 0.889), one iteration's update-epochs x num-minibatches for continuous ones
+    (docs/ppo_ewma.md#continuous-actions)"""
 
     batch_divisor: int = 1
     """c: divide num_envs by c and adjust the hyperparameters below for batch size-invariance (Sec. 4)"""
@@ -157,7 +159,7 @@ def apply_batch_divisor(args: Args) -> Args:
     changes = {"num_envs": args.num_envs // c}
     if args.adjust_lr:
         changes["learning_rate"] = args.learning_rate / (c if args.lr_rule == "linear" else math.sqrt(c))
-    if args.adjust_ewma:
+    if args.adjust_ewma and args.ewma_com is not None:
         changes["ewma_com"] = args.ewma_com * c
     if args.adjust_adv_norm:
         changes["adv_norm_span"] = args.adv_norm_span * c
@@ -186,10 +188,8 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
     def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
         from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
 
-        self.venv = ProcgenEnv(
-            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
-            distribution_mode=distribution_mode, rand_seed=seed,
-        )
+        self.venv = ProcgenEnv(num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
+                               distribution_mode=distribution_mode, rand_seed=seed)
         self.num_envs, self.render_mode = num_envs, render_mode
         self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
         self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
@@ -218,10 +218,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10.
     """
     if args.env_id in PROCGEN_GAMES:
-        envs = ProcgenVecEnv(
-            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed,
-            render_mode,
-        )
+        envs = ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode,
+                             args.seed, render_mode)
     else:
         # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
         clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
@@ -282,11 +280,8 @@ class ImpalaCNN(nn.Module):
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
-        stacks = []
-        for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
-            in_channels = out_channels
-        self.stacks = nn.Sequential(*stacks)
+        ins = (in_channels,) + tuple(channels[:-1])  # each stack's input: the previous stack's output
+        self.stacks = nn.Sequential(*(ConvSequence(i, out, res_scale) for i, out in zip(ins, channels)))
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
@@ -671,6 +666,9 @@ def train(args: Args) -> dict:
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
         action_high = torch.as_tensor(action_space.high, device=device)
+    if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
+        print(f"warning: --ewma-com {args.ewma_com:g} is under half of an iteration's update-epochs x num-minibatches "
+              f"gradient steps; on MuJoCo a third or less collapsed: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
 
     # rollout storage; observations are uint8 for Procgen (4x smaller than float), float32 otherwise
     obs_dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
@@ -874,9 +872,11 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
 def run_args(args: Args) -> Args:
     """The Args a run trains with: the defaults that depend on the action type filled in, the batch divisor applied."""
     continuous = isinstance(harness.env_spaces(args.env_id, PROCGEN_GAMES)[1], gym.spaces.Box)
+    ewma_com = float(args.update_epochs * args.num_minibatches) if continuous else 8.0  # pi_prox as old as pi_old
     return apply_batch_divisor(dataclasses.replace(
         args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
-        norm_obs=continuous if args.norm_obs is None else args.norm_obs))
+        norm_obs=continuous if args.norm_obs is None else args.norm_obs,
+        ewma_com=ewma_com if args.ewma_com is None else args.ewma_com))
 
 
 def acting_policy(args: Args, envs, models: dict, device):

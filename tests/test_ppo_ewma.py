@@ -165,14 +165,14 @@ def test_ewma_moments_two_updates():
 
 def test_apply_batch_divisor_at_c4():
     # c = 4: 256/4 = 64 envs; lr 5e-4/sqrt(4) = 2.5e-4; centre of mass 8*4 = 32; span 1*4 = 4; betas unchanged
-    new = apply_batch_divisor(Args(batch_divisor=4))
+    new = apply_batch_divisor(Args(batch_divisor=4, ewma_com=8.0))  # run_args fills in the 8 (test below)
     assert (new.num_envs, new.learning_rate, new.ewma_com, new.adv_norm_span) == (64, pytest.approx(2.5e-4), 32, 4)
     assert (new.adam_beta1, new.adam_beta2) == (0.9, 0.999)
     assert new.num_steps == 256 and new.num_minibatches == 8  # T and the minibatch count stay
 
 
 def test_apply_batch_divisor_ablation_switches():
-    base = dict(batch_divisor=4)
+    base = dict(batch_divisor=4, ewma_com=8.0)
     assert apply_batch_divisor(Args(**base, adjust_lr=False)).learning_rate == 5e-4
     assert apply_batch_divisor(Args(**base, lr_rule="linear")).learning_rate == pytest.approx(1.25e-4)  # 5e-4/4
     assert apply_batch_divisor(Args(**base, adjust_ewma=False)).ewma_com == 8
@@ -720,8 +720,27 @@ def test_defaults_that_depend_on_the_action_type():
     discrete = ppo_ewma.run_args(Args(env_id="CartPole-v1"))
     assert (continuous.ent_coef, continuous.norm_obs) == (0.0, True)
     assert (discrete.ent_coef, discrete.norm_obs) == (0.01, False)  # the paper's; CartPole raw
-    chosen = ppo_ewma.run_args(Args(env_id="Pendulum-v1", ent_coef=0.005, norm_obs=False))
-    assert (chosen.ent_coef, chosen.norm_obs) == (0.005, False)
+    chosen = ppo_ewma.run_args(Args(env_id="Pendulum-v1", ent_coef=0.005, norm_obs=False, ewma_com=2.0))
+    assert (chosen.ent_coef, chosen.norm_obs, chosen.ewma_com) == (0.005, False, 2.0)
+    # the EWMA's centre of mass: the paper's 8 for discrete actions; E x M = 3 epochs x 8 minibatches = 24 gradient
+    # steps for continuous ones, then x c = 2 under --batch-divisor 2 (48); starpilot keeps the paper's 8 x 2 = 16
+    assert (continuous.ewma_com, discrete.ewma_com) == (24.0, 8.0)
+    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 320.0
+    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 48.0
+    assert ppo_ewma.run_args(Args(batch_divisor=2)).ewma_com == 16.0
+
+
+@pytest.mark.parametrize("env_id, ewma_com, warned", [
+    ("Pendulum-v1", 5.9, True),  # E x M = 3 x 4 = 12 gradient steps; the warning below half of them
+    ("Pendulum-v1", 6.0, False), ("Pendulum-v1", None, False),  # None: the default, 12
+    ("CartPole-v1", 1.0, False),  # measured only for continuous actions; Procgen's 8 of 24 is the paper's
+])
+def test_a_small_ewma_centre_of_mass_is_warned_of_for_continuous_actions(tmp_path, monkeypatch, capsys, env_id,
+                                                                          ewma_com, warned):
+    monkeypatch.chdir(tmp_path)
+    ppo_ewma.train(Args(env_id=env_id, num_envs=1, num_steps=64, num_minibatches=4, total_timesteps=64,
+                        ewma_com=ewma_com, cuda=False))
+    assert ("warning: --ewma-com" in capsys.readouterr().out) == warned
 
 
 @pytest.mark.parametrize("config", [
