@@ -14,8 +14,8 @@ training stays (approximately) the same as a function of environment steps (Sec.
     python ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 \\
         --total-timesteps 200000                         # CPU recipe: docs/ppo_ewma.md has its time and score
     python ppo_ewma.py --env-id HalfCheetah-v5 --num-envs 1 --num-steps 2048 --num-minibatches 32 \\
-        --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 \\
-        --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000   # the PPO paper's MuJoCo settings
+        --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.99 \\
+        --total-timesteps 1000000                        # the PPO paper's MuJoCo settings; centre of mass 10 x 32
     python ppo_ewma.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 \\
         --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.9 --gae-lambda 0.99 \\
         --norm-obs False --total-timesteps 300000       # CPU recipe for continuous actions
@@ -290,12 +290,9 @@ class ImpalaCNN(nn.Module):
         return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
 
 
-def mlp(in_dim, out_dim, out_std):
-    return nn.Sequential(
-        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(),
-        layer_init(nn.Linear(64, 64)), nn.Tanh(),
-        layer_init(nn.Linear(64, out_dim), std=out_std),
-    )
+def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
+    return nn.Sequential(layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                         layer_init(nn.Linear(64, out_dim), std=out_std))
 
 
 class Agent(nn.Module):
@@ -643,7 +640,8 @@ def train(args: Args) -> dict:
     ewma_decay = com_to_decay(args.ewma_com)
     prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see pi_in_chunks
     if args.batch_divisor != 1:
-        changes = harness.hyperparameter_changes(run.command_args, apply_batch_divisor(run.command_args))
+        command_args = run_args(run.command_args, divide=False)  # the defaults filled in
+        changes = harness.hyperparameter_changes(command_args, apply_batch_divisor(command_args))
         print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
         if run.checkpoint is None:
             writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
@@ -765,10 +763,8 @@ def train(args: Args) -> dict:
                     kl = policy_kl(prox_pi, new_pi, continuous)  # KL[pi_prox || pi]
                     pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
                                                 args.max_is_ratio)
-                if args.clip_vloss:
-                    v_loss = clipped_value_loss(new_value, b_values[mb_inds], b_returns[mb_inds], args.clip_coef)
-                else:
-                    v_loss = value_loss(new_value, b_returns[mb_inds])
+                v_loss = (clipped_value_loss(new_value, b_values[mb_inds], b_returns[mb_inds], args.clip_coef)
+                          if args.clip_vloss else value_loss(new_value, b_returns[mb_inds]))
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
@@ -869,14 +865,16 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
     return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
 
 
-def run_args(args: Args) -> Args:
-    """The Args a run trains with: the defaults that depend on the action type filled in, the batch divisor applied."""
+def run_args(args: Args, divide: bool = True) -> Args:
+    """The Args a run trains with: the defaults that depend on the action type filled in, the batch divisor applied
+    (unless not `divide`)."""
     continuous = isinstance(harness.env_spaces(args.env_id, PROCGEN_GAMES)[1], gym.spaces.Box)
     ewma_com = float(args.update_epochs * args.num_minibatches) if continuous else 8.0  # pi_prox as old as pi_old
-    return apply_batch_divisor(dataclasses.replace(
+    filled = dataclasses.replace(
         args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
         norm_obs=continuous if args.norm_obs is None else args.norm_obs,
-        ewma_com=ewma_com if args.ewma_com is None else args.ewma_com))
+        ewma_com=ewma_com if args.ewma_com is None else args.ewma_com)
+    return apply_batch_divisor(filled) if divide else filled
 
 
 def acting_policy(args: Args, envs, models: dict, device):

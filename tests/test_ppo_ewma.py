@@ -271,7 +271,7 @@ def assert_logged_and_finite(result, extra_tags=()):
     return logged
 
 
-def test_smoke_procgen_with_batch_divisor(tmp_path, monkeypatch):
+def test_smoke_procgen_with_batch_divisor(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     # 4 envs / c=2 -> 2 envs x 16 steps = 32 samples per iteration, 2 iterations
     args = Args(exp_name="smoke", num_envs=4, batch_divisor=2, num_steps=16, num_minibatches=2, update_epochs=1,
@@ -280,6 +280,7 @@ def test_smoke_procgen_with_batch_divisor(tmp_path, monkeypatch):
     assert result["global_step"] == 64
     logged = assert_logged_and_finite(result, ("charts/ewma_decay", "charts/ewma_weight"))
     assert logged["charts/ewma_decay"][0] == pytest.approx(16 / 17)  # centre of mass 8*2 = 16
+    assert "  ewma_com: 8.0 -> 16.0\n" in capsys.readouterr().out  # the change is printed from the filled-in 8
     # 2 minibatches per iteration, w = 1 + b w twice from w = 1: 1 + b(1 + b) with b = 16/17
     b = 16 / 17
     assert logged["charts/ewma_weight"][0] == pytest.approx(1 + b * (1 + b))
