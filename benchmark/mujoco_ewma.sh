@@ -1,37 +1,38 @@
 #!/usr/bin/env bash
 # PPO-EWMA with many epochs: the EWMA's age against the iteration's gradient steps, on MuJoCo (docs/ppo_ewma.md).
 # ppo_ewma.py at the PPO paper's MuJoCo settings (1 env x 2048 steps, 10 epochs x 32 minibatches = 320 gradient
-# steps an iteration), 1M env steps, HalfCheetah-v5, Hopper-v5 and Walker2d-v5, seeds 1-3:
-#   ppo             PPO (--no-ewma), the baseline at the same seeds
-#   com107 com320 com960    PPO-EWMA with the EWMA's centre of mass at E x M / 3, E x M and 3 x E x M
-#   com8-tkl        the paper's centre of mass, 8 gradient steps, with --target-kl 0.02: a hard anchor to pi_behav
-#   com8            the paper's centre of mass alone
-# then a second part:
-#   com$BEST-tkl    the best centre of mass of the first part (by its mean over envs of final return / PPO's), anchored
-#   ppo-tkl         PPO with the same anchor, to tell the anchor's effect from the EWMA's
+# steps an iteration), 1M env steps, HalfCheetah-v5, Hopper-v5 and Walker2d-v5, seeds 1-3, in three parts, the
+# runs that decide the continuous default first:
+#   1. ppo              PPO (--no-ewma), the baseline at the same seeds
+#      com320           PPO-EWMA at the continuous default, centre of mass E x M = 320
+#   2. com107 com960    centre of mass E x M / 3 and 3 x E x M
+#   3. com8             the paper's centre of mass, 8 gradient steps
+#      com8-tkl com320-tkl ppo-tkl    the same three with --target-kl 0.02, a hard anchor to pi_behav
 # Fixed before the runs: the final return is each seed's mean over its last 10% of steps (100k); the thresholds
 # are 1,000 (HalfCheetah), 1,500 (Hopper, Walker2d); --target-kl 0.02 (Spinning Up stops at 1.5 x 0.01).
 # Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
 # unfinished runs with --resume and skips the finished ones (model.pt). Stop it with Ctrl-C, or
-# `kill -TERM -- -PGID` when started with setsid. `bash benchmark/mujoco_ewma.sh --list` prints the runs.
-# Cost here (2 CPU cores, JOBS=2, OMP_NUM_THREADS=1): docs/benchmarks.md.
+# `kill -TERM -- -PGID` when started with setsid. `bash benchmark/mujoco_ewma.sh --list` prints the runs;
+# `bash benchmark/mujoco_ewma.sh 'REGEX'` runs only those whose line matches (e.g. '^Walker2d-v5 1 '), `--plot` none;
+# then the tables and figures are made from the runs that finished. OUT=DIR keeps the runs outside the work tree.
+# 72 runs; docs/ppo_ewma.md gives the seeds of each that ran here, in the time there was, and their cost (2 CPU
+# cores, JOBS=2, OMP_NUM_THREADS=1) is in docs/benchmarks.md. A rerun adds the missing seeds to its tables.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
-OUT="$ROOT/benchmark/runs/mujoco_ewma"
+OUT=${OUT:-$ROOT/benchmark/runs/mujoco_ewma}
 SETTINGS="--num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 --shuffle-samples --learning-rate 3e-4"
 SETTINGS="$SETTINGS --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000"
 
-BEST=320  # the best centre of mass of the first part, chosen from its results
-FIRST=("ppo --no-ewma" "com107 --ewma-com 107" "com320 --ewma-com 320" "com960 --ewma-com 960"
-       "com8-tkl --ewma-com 8 --target-kl 0.02" "com8 --ewma-com 8")
-SECOND=("com$BEST-tkl --ewma-com $BEST --target-kl 0.02" "ppo-tkl --no-ewma --target-kl 0.02")
-runs() {  # seed-major, so that every variant has a first seed early; the second part after the first
-  for variants in FIRST SECOND; do
-    local -n list=$variants
-    for seed in 1 2 3; do for env in HalfCheetah-v5 Hopper-v5 Walker2d-v5; do for variant in "${list[@]}"; do
-      echo "$env $seed $variant"
-    done; done; done
+PARTS=("ppo --no-ewma" "com320 --ewma-com 320"
+       "com107 --ewma-com 107" "com960 --ewma-com 960"
+       "com8 --ewma-com 8" "com8-tkl --ewma-com 8 --target-kl 0.02" "com320-tkl --ewma-com 320 --target-kl 0.02"
+       "ppo-tkl --no-ewma --target-kl 0.02")
+runs() {  # part by part (2, 2 and 4 variants), seed-major within a part, so that every env has a first seed early
+  for part in "0 2" "2 2" "4 4"; do set -- $part
+    for seed in 1 2 3; do for env in HalfCheetah-v5 Hopper-v5 Walker2d-v5; do
+      for variant in "${PARTS[@]:$1:$2}"; do echo "$env $seed $variant"; done
+    done; done
   done
 }
 run() {  # env seed name flags...: resume, skip or start one run
@@ -52,4 +53,17 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 mkdir -p "$OUT/logs" && cd "$OUT"
 export OMP_NUM_THREADS=1 ROOT OUT SETTINGS
 export -f run
-runs | xargs -P "$JOBS" -L 1 bash -c 'run "$@"' run
+[ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
+rm -rf "$OUT/finished" && mkdir "$OUT/finished"  # plot.py reads the finished runs alone: links to them
+for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
+  threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
+  group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
+  python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --threshold "$threshold" \
+    --out "$ROOT/docs/img/mujoco_ewma_$env.png" --title "PPO-EWMA's centre of mass, $env-v5, 1M steps" \
+    --label '^ppo$=PPO' --label '^ppo-tkl$=PPO, --target-kl 0.02' --label '^com(\d+)$=PPO-EWMA, centre of mass \1' \
+    --label '^com(\d+)-tkl$=PPO-EWMA, centre of mass \1, --target-kl 0.02'
+  for tag in approx_kl_behav_last clipfrac entropy is_capped_frac; do  # why: each over the last 10% of steps
+    python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --tag "losses/$tag"
+  done
+done
