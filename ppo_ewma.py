@@ -665,8 +665,8 @@ def train(args: Args) -> dict:
         action_low = torch.as_tensor(action_space.low, device=device)
         action_high = torch.as_tensor(action_space.high, device=device)
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
-        print(f"warning: --ewma-com {args.ewma_com:g} is under half of an iteration's update-epochs x num-minibatches "
-              f"gradient steps; on MuJoCo a third or less collapsed: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
+        print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches; on MuJoCo, "
+              f"a third fell behind PPO and 8 of 320 collapsed: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
 
     # rollout storage; observations are uint8 for Procgen (4x smaller than float), float32 otherwise
     obs_dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
