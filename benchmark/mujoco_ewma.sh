@@ -57,6 +57,7 @@ export -f run
 rm -rf "$OUT/finished" && mkdir "$OUT/finished"  # plot.py reads the finished runs alone: links to them
 for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
+  ls "$OUT/finished" | grep -q "^$env-v5__" || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --threshold "$threshold" \
