@@ -156,11 +156,10 @@ def apply_batch_divisor(args: Args) -> Args:
     c = args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
-    changes = {"num_envs": args.num_envs // c}
+    ewma_com = run_args(args, divide=False).ewma_com  # if unset, the action type's default, which x c applies to
+    changes = {"num_envs": args.num_envs // c, "ewma_com": ewma_com * c if args.adjust_ewma else ewma_com}
     if args.adjust_lr:
         changes["learning_rate"] = args.learning_rate / (c if args.lr_rule == "linear" else math.sqrt(c))
-    if args.adjust_ewma and args.ewma_com is not None:
-        changes["ewma_com"] = args.ewma_com * c
     if args.adjust_adv_norm:
         changes["adv_norm_span"] = args.adv_norm_span * c
     if args.adjust_adam_betas:

@@ -165,14 +165,14 @@ def test_ewma_moments_two_updates():
 
 def test_apply_batch_divisor_at_c4():
     # c = 4: 256/4 = 64 envs; lr 5e-4/sqrt(4) = 2.5e-4; centre of mass 8*4 = 32; span 1*4 = 4; betas unchanged
-    new = apply_batch_divisor(Args(batch_divisor=4, ewma_com=8.0))  # run_args fills in the 8 (test below)
+    new = apply_batch_divisor(Args(batch_divisor=4))  # the unset centre of mass is starpilot's default, 8
     assert (new.num_envs, new.learning_rate, new.ewma_com, new.adv_norm_span) == (64, pytest.approx(2.5e-4), 32, 4)
     assert (new.adam_beta1, new.adam_beta2) == (0.9, 0.999)
     assert new.num_steps == 256 and new.num_minibatches == 8  # T and the minibatch count stay
 
 
 def test_apply_batch_divisor_ablation_switches():
-    base = dict(batch_divisor=4, ewma_com=8.0)
+    base = dict(batch_divisor=4)
     assert apply_batch_divisor(Args(**base, adjust_lr=False)).learning_rate == 5e-4
     assert apply_batch_divisor(Args(**base, lr_rule="linear")).learning_rate == pytest.approx(1.25e-4)  # 5e-4/4
     assert apply_batch_divisor(Args(**base, adjust_ewma=False)).ewma_com == 8
@@ -728,6 +728,7 @@ def test_defaults_that_depend_on_the_action_type():
     assert (continuous.ewma_com, discrete.ewma_com) == (24.0, 8.0)
     assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 320.0
     assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 48.0
+    assert apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2, adjust_ewma=False)).ewma_com == 24.0
     assert ppo_ewma.run_args(Args(batch_divisor=2)).ewma_com == 16.0
 
 
