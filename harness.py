@@ -143,10 +143,11 @@ def start(args, script: Script) -> "Run":
                             f"{run_args.num_envs} envs and seed {run_args.seed} + {run_args.num_envs} x rank; the "
                             f"flags printed and logged are rank 0's share")
     lines["saves"] = saves_note(args, world_size)
-    print_startup(title(script), run_args.env_id, device_note, run_dir, lines)
-    suggest_recipe(args, script)
     writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
-    return Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)
+    run = Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)  # Ctrl-C handled
+    print_startup(title(script), run_args.env_id, device_note, run_dir, lines)  # from the start-up block on
+    suggest_recipe(args, script)
+    return run
 
 
 def plural(count: int, noun: str) -> str:
