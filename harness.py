@@ -142,10 +142,10 @@ def start(args, script: Script) -> "Run":
         lines["workers"] = (f"{plural(world_size, 'torchrun worker')} ({dist.get_backend()}), each with "
                             f"{run_args.num_envs} envs and seed {run_args.seed} + {run_args.num_envs} x rank; the "
                             f"flags printed and logged are rank 0's share")
-    lines["saves"] = saves_note(args, world_size)
     writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
     run = Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)  # Ctrl-C handled
-    print_startup(title(script), run_args.env_id, device_note, run_dir, lines)  # from the start-up block on
+    print_startup(title(script), run_args.env_id, device_note, run_dir,  # from the start-up block on
+                  dict(lines, saves=saves_note(args, world_size)))
     suggest_recipe(args, script)
     return run
 
@@ -268,8 +268,7 @@ class Run:
         args.seed + EVAL_SEED_OFFSET at every mark), played by the policy --eval-checkpoint plays, with the training
         envs' observation statistics frozen. The run's random state is put back afterwards: evaluating changes
         nothing the run learns."""
-        rng, num_episodes = rng_state(), self.command_args.eval_episodes
-        seed = self.args.seed + EVAL_SEED_OFFSET
+        rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
         if self.eval_envs is None:
             self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
         states = normalizer_states(self.envs)
