@@ -723,18 +723,19 @@ def test_defaults_that_depend_on_the_action_type():
     assert (discrete.ent_coef, discrete.norm_obs) == (0.01, False)  # the paper's; CartPole raw
     chosen = ppo_ewma.run_args(Args(env_id="Pendulum-v1", ent_coef=0.005, norm_obs=False, ewma_com=2.0))
     assert (chosen.ent_coef, chosen.norm_obs, chosen.ewma_com) == (0.005, False, 2.0)
-    # the EWMA's centre of mass: the paper's 8 for discrete actions; E x M = 3 epochs x 8 minibatches = 24 gradient
-    # steps for continuous ones, then x c = 2 under --batch-divisor 2 (48); starpilot keeps the paper's 8 x 2 = 16
-    assert (continuous.ewma_com, discrete.ewma_com) == (24.0, 8.0)
-    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 320.0
-    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 48.0
-    assert apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2, adjust_ewma=False)).ewma_com == 24.0
+    # the EWMA's centre of mass: the paper's 8 for discrete actions; for continuous ones three iterations' gradient
+    # steps, 3 x E x M = 3 x 3 epochs x 8 minibatches = 72 (MuJoCo's 10 x 32: 960), then x c = 2 under
+    # --batch-divisor 2 (144); starpilot keeps the paper's 8 x 2 = 16
+    assert (continuous.ewma_com, discrete.ewma_com) == (72.0, 8.0)
+    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 960.0
+    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 144.0
+    assert apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2, adjust_ewma=False)).ewma_com == 72.0
     assert ppo_ewma.run_args(Args(batch_divisor=2)).ewma_com == 16.0
 
 
 @pytest.mark.parametrize("env_id, ewma_com, warned", [
     ("Pendulum-v1", 5.9, True),  # E x M = 3 x 4 = 12 gradient steps; the warning below half of them
-    ("Pendulum-v1", 6.0, False), ("Pendulum-v1", None, False),  # None: the default, 12
+    ("Pendulum-v1", 6.0, False), ("Pendulum-v1", None, False),  # None: the default, 3 x 12 = 36
     ("CartPole-v1", 1.0, False),  # measured only for continuous actions; Procgen's 8 of 24 is the paper's
 ])
 def test_a_small_ewma_centre_of_mass_is_warned_of_for_continuous_actions(tmp_path, monkeypatch, capsys, env_id,
