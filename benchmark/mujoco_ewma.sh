@@ -4,8 +4,8 @@
 # steps an iteration), 1M env steps, HalfCheetah-v5, Hopper-v5 and Walker2d-v5, seeds 1-3, in three parts, the
 # runs that decide the continuous default first:
 #   1. ppo              PPO (--no-ewma), the baseline at the same seeds
-#      com320           PPO-EWMA at centre of mass E x M = 320, the continuous default until 2026-11-25
-#   2. com107 com960    centre of mass E x M / 3 and 3 x E x M (the continuous default since)
+#      com320           PPO-EWMA at centre of mass E x M = 320
+#   2. com107 com960    centre of mass E x M / 3 and 3 x E x M (960: the continuous default)
 #   3. com8             the paper's centre of mass, 8 gradient steps
 #      com8-tkl com320-tkl ppo-tkl    the same three with --target-kl 0.02, a hard anchor to pi_behav
 # Fixed before the runs: the final return is each seed's mean over its last 10% of steps (100k); the thresholds

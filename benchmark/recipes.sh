@@ -3,7 +3,7 @@
 # CartPole-v1: PPO-EWMA with the official minibatch layout (whole trajectories), with --shuffle-samples for
 # comparison, and with 16 envs x 64 steps (same batch); PPG-EWMA's recipe. On Pendulum-v1 (continuous actions),
 # ppo_ewma.py's continuous recipe: PPO-EWMA, PPO (--no-ewma), and PPO-EWMA at the paper's Procgen centre of mass
-# (--ewma-com 8) and at E x M (--ewma-com 80, the continuous default until 2026-11-25). The tables give the return over the last 10% of steps and each seed's first step where the
+# (--ewma-com 8) and at E x M (--ewma-com 80). The tables give the return over the last 10% of steps and each seed's first step where the
 # 100-episode mean reaches 450 (PPO), 475 (PPG) or -300 (Pendulum).
 # SCALE is cpu only: these are the laptop recipes.
 # Cost here (2 CPU cores, 2026-11-22): 18 runs, 10.3 minutes of wall-clock with JOBS=1 beside a MuJoCo run and
