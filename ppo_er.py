@@ -15,6 +15,7 @@ L = 1 is PPO, on the same code path.
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Optional
 
 import gymnasium as gym
@@ -56,6 +57,9 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """anneal step size and clip factor with alpha going linearly from 1 to 0 over training (Sec. V)"""
     gamma: float = 0.99
     """discount gamma"""
+    norm_obs: bool = True
+    """normalize each env's observations by running statistics, then clip them to +-10 (as ppo_ewma.py; the paper
+    does not say)"""
     norm_reward: bool = True
     """scale rewards by a running std of the discounted return (common PPO practice; the paper does not say)"""
     gae_lambda: float = 0.95
@@ -80,15 +84,18 @@ def batch_sizes(args: Args) -> tuple[int, int, int]:
 
 # ---------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with normalized observations, raw-score episode statistics and reward scaling.
+    """Vectorized env with raw-score episode statistics and reward scaling.
 
-    Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset, so each actor's env
-    normalizes its own observations; then info["final_obs"] is normalized like every other obs.
+    --norm-obs normalizes each actor's observations inside the autoreset, so that info["final_obs"] is normalized
+    too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10.
     """
+    # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
+    clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
+                   observation_space=None)
     envs = gym.make_vec(
-        args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+        args.env_id, num_envs=args.num_envs, vectorization_mode="sync", render_mode=render_mode,
         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-        wrappers=[gym.wrappers.NormalizeObservation], render_mode=render_mode,
+        wrappers=[gym.wrappers.NormalizeObservation, clip] if args.norm_obs else None,
     )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
     if args.norm_reward:

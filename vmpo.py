@@ -12,7 +12,7 @@ returns through a PopArt-normalized head (Sec. 4.1). No entropy bonus, no import
     python vmpo.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --num-minibatches 4 --gamma 0.99 \\
         --total-timesteps 150000 --learning-rate 1e-3 --multiplier-lr 1e-2   # CPU recipe: about 450, 13 s here
     python vmpo.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 \\
-        --gamma 0.9 --total-timesteps 300000 --learning-rate 1e-3 --multiplier-lr 1e-2
+        --gamma 0.9 --total-timesteps 300000 --learning-rate 1e-3 --multiplier-lr 1e-2 --norm-obs False
     python vmpo.py --env-id HalfCheetah-v5 --num-envs 8 --num-steps 256 --num-minibatches 8 \\
         --update-epochs 10 --gamma 0.99 --total-timesteps 1000000   # diagonal Gaussian, decoupled KLs
 """
@@ -20,6 +20,7 @@ import copy
 import math
 from collections import defaultdict
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -75,6 +76,9 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """discount gamma (not in the paper: the Procgen convention of ppo_ewma.py)"""
     gae_lambda: float = 1.0
     """lambda of compute_gae; 1 gives the paper's n-step returns bootstrapped at the unroll's end"""
+    norm_obs: Optional[bool] = None
+    """normalize each env's vector observations by running statistics, then clip them to +-10 (as ppo_ewma.py; not
+    in the paper); default: on for Box actions, off for discrete ones"""
     norm_reward: bool = True
     """scale rewards by a running std of the discounted return (not in the paper, which relies on PopArt)"""
     popart: bool = True
@@ -85,24 +89,32 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     top_k_fraction: float = 0.5
     """fraction of each minibatch, by largest advantage, used by the E-step (the paper: top 50%)"""
     eta_init: float = 1.0
-    """initial temperature eta (not in the paper's text: a widely used choice)"""
+    """initial temperature eta (the paper's appendix tables: 1)"""
     eps_eta: float = 0.01
-    """E-step KL bound epsilon_eta (not in the paper's text: a widely used choice)"""
+    """E-step KL bound epsilon_eta (the paper's Gym table, Appendix F: 0.01)"""
     alpha_init: float = 5.0
-    """initial KL multiplier alpha, discrete actions (not in the paper's text: a widely used choice). Here alpha
-    is a Lagrange multiplier; in ppo_er.py it is an annealing factor, in the batch-size-invariance paper a step size"""
+    """initial KL multiplier alpha, discrete actions (the paper's appendix tables: 5). Here alpha is a Lagrange
+    multiplier; in ppo_er.py it is an annealing factor, in the batch-size-invariance paper a step size"""
     eps_alpha: float = 0.005
-    """M-step KL bound epsilon_alpha, discrete actions (not in the paper's text: a widely used choice)"""
+    """M-step KL bound epsilon_alpha, discrete actions (not from the paper's Gym table, which has Box actions only)"""
     alpha_mean_init: float = 1.0
-    """initial alpha_mu of the Gaussian mean's KL (not in the paper's text: a widely used choice)"""
+    """initial alpha_mu of the Gaussian mean's KL (the paper's Gym table, Appendix F: 1)"""
     alpha_std_init: float = 1.0
-    """initial alpha_Sigma of the Gaussian std's KL (not in the paper's text: a widely used choice)"""
+    """initial alpha_Sigma of the Gaussian std's KL (the paper's Gym table, Appendix F: 1)"""
     eps_alpha_mean: float = 0.01
-    """bound epsilon_alpha_mu on the mean's KL (not in the paper's text: a widely used choice)"""
+    """bound epsilon_alpha_mu on the mean's KL (the paper's Gym table, Appendix F: log-uniform in [0.005, 0.01];
+    here its upper end, since runs of 1M steps are short)"""
     eps_alpha_std: float = 5e-5
-    """bound epsilon_alpha_Sigma on the std's KL (not in the paper's text: a widely used choice)"""
+    """bound epsilon_alpha_Sigma on the std's KL (the paper's Gym table, Appendix F: log-uniform in [5e-6, 5e-5);
+    here its upper end, since runs of 1M steps are short)"""
     min_std: float = 1e-3
     """Gaussian std = softplus(head output) + min_std (not in the paper: keeps log-probs finite)"""
+
+
+def norm_obs(args: Args) -> bool:
+    """--norm-obs, its default filled in: on for Box actions."""
+    continuous = isinstance(harness.env_spaces(args.env_id, PROCGEN_GAMES)[1], gym.spaces.Box)
+    return continuous if args.norm_obs is None else args.norm_obs
 
 
 def batch_sizes(args: Args) -> tuple[int, int, int]:
@@ -157,15 +169,15 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
             render_mode,
         )
     else:
-        # Box actions: normalize observations per env, inside the autoreset, so that info["final_obs"]
-        # is normalized too (Gymnasium's vector NormalizeObservation refuses SAME_STEP autoreset)
-        probe = gym.make(args.env_id)
-        continuous = isinstance(probe.action_space, gym.spaces.Box)
-        probe.close()
+        # --norm-obs normalizes each env's observations inside the autoreset, so that info["final_obs"] is normalized
+        # too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10;
+        # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
+        clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
+                       observation_space=None)
         envs = gym.make_vec(
-            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+            args.env_id, num_envs=args.num_envs, vectorization_mode="sync", render_mode=render_mode,
             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            wrappers=[gym.wrappers.NormalizeObservation] if continuous else None, render_mode=render_mode,
+            wrappers=[gym.wrappers.NormalizeObservation, clip] if norm_obs(args) else None,
         )
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
     if args.norm_reward:
@@ -275,28 +287,33 @@ class PopArt(nn.Module):
         self.linear.bias.mul_(sigma_old).add_(mu_old - self.mu).div_(sigma)
 
 
-class Agent(nn.Module):
-    """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value heads.
+def mlp(in_dim, hidden):
+    """Two tanh layers of `hidden` units."""
+    return nn.Sequential(layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, hidden)), nn.Tanh())
 
-    The policy `pi` is categorical logits [B, A] for Discrete actions, or (mean, std), both [B, D],
-    of a diagonal Gaussian for Box actions, with a state-dependent std.
+
+class Agent(nn.Module):
+    """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value
+    heads. Box actions, as the paper's Gym agents (Appendix F): the policy and the value each have their own MLP
+    (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std.
+
+    The policy `pi` is categorical logits [B, A] for Discrete actions, or (mean, std), both [B, D], for Box actions.
     """
 
     def __init__(self, envs, popart_beta=1e-4, min_std=1e-3):
         super().__init__()
-        obs_shape = envs.single_observation_space.shape
-        if len(obs_shape) == 3:
+        obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
+        self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
+        self.value_torso = None  # None: the value reads the policy's torso
+        if self.continuous:
+            hidden = 256
+            self.torso, self.value_torso = mlp(obs_shape[0], hidden), mlp(obs_shape[0], hidden)
+        elif len(obs_shape) == 3:
             self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:
-            hidden = 64
-            self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), hidden)), nn.Tanh(),
-                layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
-            )
-        action_space = envs.single_action_space
-        self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
-        num_outputs = 2 * int(np.prod(action_space.shape)) if self.continuous else action_space.n
+            self.torso, hidden = mlp(obs_shape[0], 64), 64
+        num_outputs = 2 * action_space.shape[0] if self.continuous else action_space.n
         self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
         self.critic = PopArt(hidden, beta=popart_beta)
 
@@ -312,12 +329,14 @@ class Agent(nn.Module):
 
     def get_value(self, obs):
         """Unnormalized V(s): [B]."""
-        return self.critic.unnormalize(self.critic(self.torso(obs)))
+        hidden = self.torso(obs) if self.value_torso is None else self.value_torso(obs)
+        return self.critic.unnormalize(self.critic(hidden))
 
     def forward(self, obs):
         """(pi, normalized value n(s))."""
         hidden = self.torso(obs)
-        return self.policy(hidden), self.critic(hidden)
+        value_hidden = hidden if self.value_torso is None else self.value_torso(obs)
+        return self.policy(hidden), self.critic(value_hidden)
 
 
 # --------------------------------------------------------------------------- algorithm functions
@@ -594,6 +613,8 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
 
 def check_args(args: Args, observation_space, action_space) -> None:
     """This script's own checks of the command line's Args."""
+    if args.norm_obs and len(observation_space.shape) != 1:
+        raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
     batch_size = args.num_envs * args.num_steps
     if args.num_minibatches > batch_size or batch_size % args.num_minibatches != 0:
         raise SystemExit(f"--num-minibatches {args.num_minibatches} must divide the batch of {batch_size} samples "

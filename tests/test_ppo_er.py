@@ -175,6 +175,19 @@ def test_final_obs_for_the_bootstrap_is_normalized_like_other_obs():
     envs.close()
 
 
+@pytest.mark.parametrize("norm_obs", [True, False])
+def test_norm_obs_normalizes_then_clips_to_10(norm_obs):
+    envs = make_env(Args(env_id="Pendulum-v1", num_envs=1, norm_obs=norm_obs))
+    envs.reset(seed=0)
+    assert ("obs_0" in harness.env_normalizers(envs)) == norm_obs
+    if norm_obs:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
+        wrapper, rms = harness.env_normalizers(envs)["obs_0"]
+        wrapper.update_running_mean, rms.mean[:], rms.var[:] = False, 1000.0, 1.0
+        obs = envs.step(np.zeros((1, 1), np.float32))[0]
+        assert np.array_equal(obs, np.full_like(obs, -10.0))
+    envs.close()
+
+
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(Args) if f.type in (int, float, Optional[int], Optional[float])}
     assert numeric == set(harness.COMMON_FLAG_RANGES) | set(ppo_er.FLAG_RANGES)

@@ -208,6 +208,7 @@ def test_every_numeric_flag_has_a_range():
     ({"num_minibatches": 32}, "--num-minibatches"),  # more minibatches than the 16 samples
     ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
     ({"env_id": "FrozenLake-v1"}, "--env-id"),  # Discrete observations
+    ({"env_id": "starpilot", "norm_obs": True}, "--norm-obs needs vector observations"),
     ({"num_envs": 10**9}, "--num-envs"),  # 8 GB x 10^9: the rollout buffers cannot fit in memory
     ({"resume": "missing.pt"}, "--resume"),
     ({"eval_checkpoint": "missing.pt"}, "--eval-checkpoint"),
@@ -353,6 +354,40 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     assert loaded["global_step"] == 64 and loaded["iteration"] == 1 and loaded["args"]["env_id"] == "CartPole-v1"
     assert set(loaded) >= {"args", "models", "optimizers", "normalizers", "rng", "global_step", "iteration"}
     envs.close()
+
+
+@pytest.mark.parametrize("env_id, norm_obs, normalized", [
+    ("Pendulum-v1", None, True), ("Pendulum-v1", False, False),  # the default: on for Box actions
+    ("CartPole-v1", None, False), ("CartPole-v1", True, True),  # off for Discrete ones
+])
+def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
+    envs = vmpo.make_env(vmpo.Args(env_id=env_id, num_envs=1, norm_obs=norm_obs, cuda=False))
+    first, _ = envs.reset(seed=0)
+    assert ("obs_0" in harness.env_normalizers(envs)) == normalized
+    if normalized:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
+        wrapper, rms = harness.env_normalizers(envs)["obs_0"]
+        wrapper.update_running_mean, rms.mean[:], rms.var[:] = False, 1000.0, 1.0
+        obs = envs.step(envs.action_space.sample())[0]
+        assert np.array_equal(obs, np.full_like(obs, -10.0))
+    envs.close()
+
+
+def test_box_actions_have_separate_policy_and_value_mlps_of_256_units():
+    envs = vmpo.make_env(vmpo.Args(env_id="Pendulum-v1", num_envs=1, cuda=False))
+    agent = vmpo.Agent(envs)
+    widths = lambda net: [m.out_features for m in net if isinstance(m, torch.nn.Linear)]  # noqa: E731
+    assert widths(agent.torso) == widths(agent.value_torso) == [256, 256]
+    (mean, std), value = agent(torch.randn(5, 3))
+    value.sum().backward()  # the value's gradient reaches its own MLP and readout, nothing of the policy's
+    policy_params = [*agent.torso.parameters(), *agent.actor.parameters()]
+    assert all(p.grad is None for p in policy_params)
+    assert all(p.grad is not None for p in agent.value_torso.parameters())
+    agent.zero_grad(set_to_none=True)
+    (mean.sum() + std.sum()).backward()  # and the policy's gradient reaches nothing of the value's
+    assert all(p.grad is None for p in [*agent.value_torso.parameters(), *agent.critic.parameters()])
+    assert all(p.grad is not None for p in policy_params)
+    discrete = vmpo.Agent(vmpo.make_env(vmpo.Args(env_id="CartPole-v1", num_envs=1, cuda=False)))
+    assert discrete.value_torso is None and widths(discrete.torso) == [64, 64]  # one torso, as before
 
 
 def test_observation_and_reward_statistics_round_trip_and_freeze():
