@@ -10,7 +10,7 @@ L = 1 is PPO, on the same code path.
     python ppo_er.py                                     # PPO-ER (L = 2) on HalfCheetah-v5, 1M steps
     python ppo_er.py --replay-batches 1                  # the paper's PPO baseline
     python ppo_er.py --num-envs 8 --num-steps 256        # K = 8 actors, each N/K = 256 steps
-    python ppo_er.py --env-id Pendulum-v1 --total-timesteps 100000   # CPU recipe: about -600, 76 s here
+    python ppo_er.py --env-id Pendulum-v1 --total-timesteps 100000 --norm-obs False   # CPU recipe
 """
 import math
 from collections import defaultdict, deque

@@ -13,7 +13,8 @@ steps=$([ "$SCALE" = cpu ] && echo 100000 || echo 1000000)
 
 runs() {
   for seed in 1 2 3; do for env in Pendulum-v1 HalfCheetah-v5; do for L in 1 2; do
-    echo "python $ROOT/ppo_er.py --env-id $env --replay-batches $L --total-timesteps $steps --seed $seed --exp-name L$L"
+    obs=$([ $env = Pendulum-v1 ] && echo "--norm-obs False" || true)  # MuJoCo keeps the normalization
+    echo "python $ROOT/ppo_er.py --env-id $env --replay-batches $L --total-timesteps $steps $obs --seed $seed --exp-name L$L"
   done; done; done
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi

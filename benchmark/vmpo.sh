@@ -15,10 +15,10 @@ runs() {
   for seed in 1 2 3; do
     if [ "$SCALE" = cpu ]; then
       echo "python $ROOT/vmpo.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --num-minibatches 4 --gamma 0.99 --total-timesteps 150000 --learning-rate 1e-3 --multiplier-lr 1e-2 --seed $seed --exp-name vmpo"
-      echo "python $ROOT/vmpo.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.9 --total-timesteps 300000 --learning-rate 1e-3 --multiplier-lr 1e-2 --seed $seed --exp-name vmpo"
+      echo "python $ROOT/vmpo.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.9 --total-timesteps 300000 --learning-rate 1e-3 --multiplier-lr 1e-2 --norm-obs False --seed $seed --exp-name vmpo"
     else
       echo "python $ROOT/vmpo.py --seed $seed --exp-name vmpo"
-      echo "python $ROOT/vmpo.py --env-id HalfCheetah-v5 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.99 --total-timesteps 1000000 --seed $seed --exp-name vmpo"
+      echo "python $ROOT/vmpo.py --env-id HalfCheetah-v5 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.99 --total-timesteps 1000000 --learning-rate 3e-4 --multiplier-lr 1e-2 --seed $seed --exp-name vmpo"
     fi
   done
 }

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# V-MPO on MuJoCo at 1M steps against PPO at the same seeds (docs/vmpo.md): HalfCheetah-v5, Hopper-v5 and
+# Walker2d-v5, seeds 1-3, the V-MPO runs first (about 6 minutes each here), then PPO's (ppo_ewma.py --no-ewma at
+# the PPO paper's MuJoCo settings: the very command of mujoco_ewma.sh's `ppo`, so both scripts share those runs
+# when given the same OUT).
+# Fixed before the runs: the final return is each seed's mean over its last 10% of steps (100k); the thresholds
+# are 1,000 (HalfCheetah), 1,500 (Hopper, Walker2d), as in mujoco_ewma.sh.
+# Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
+# unfinished runs and skips the finished ones (model.pt). `bash benchmark/vmpo_mujoco.sh --list` prints the runs;
+# `bash benchmark/vmpo_mujoco.sh 'REGEX'` runs only those whose line matches, `--plot` none; then the tables and
+# figures are made from the runs that finished. OUT=DIR keeps the runs outside the work tree.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+JOBS=${JOBS:-2}
+OUT=${OUT:-$ROOT/benchmark/runs/mujoco}
+VMPO="vmpo.py --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.99"
+VMPO="$VMPO --learning-rate 3e-4 --multiplier-lr 1e-2 --total-timesteps 1000000"
+PPO="ppo_ewma.py --no-ewma --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 --shuffle-samples"
+PPO="$PPO --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000"
+
+runs() {
+  for name in vmpo ppo; do for seed in 1 2 3; do for env in HalfCheetah-v5 Hopper-v5 Walker2d-v5; do
+    echo "$env $seed $name"
+  done; done; done
+}
+run() {  # env seed name: resume, skip or start one run
+  local env=$1 seed=$2 name=$3 dir command
+  command=$([ "$name" = vmpo ] && echo "$VMPO" || echo "$PPO")
+  dir=$(ls -d "$OUT/runs/${env}__${name}__${seed}__"* 2> /dev/null | head -n 1 || true)
+  if [ -n "$dir" ] && [ -e "$dir/model.pt" ]; then return; fi
+  if [ -n "$dir" ] && [ -e "$dir/checkpoint.pt" ]; then
+    python "$ROOT/${command%% *}" --resume "$dir/checkpoint.pt" --no-cuda --checkpoint-every 25
+  else
+    [ -z "$dir" ] || rm -rf "$dir"
+    python "$ROOT/"$command --env-id "$env" --seed "$seed" --exp-name "$name" --no-cuda --checkpoint-every 25
+  fi >> "$OUT/logs/${env}__${name}__${seed}.txt" 2>&1
+}
+if [ "${1:-}" = --list ]; then runs; exit 0; fi
+
+mkdir -p "$OUT/logs" && cd "$OUT"
+export OMP_NUM_THREADS=1 ROOT OUT VMPO PPO
+export -f run
+[ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
+rm -rf "$OUT/finished" && mkdir "$OUT/finished"  # plot.py reads the finished runs alone: links to them
+for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/vmpo.md
+  ls "$OUT/finished" | grep -q "^$env-v5__vmpo__" || continue
+  threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
+  group="^${env}-v5__(vmpo|ppo)__\d+__\d+$"
+  python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --threshold "$threshold" \
+    --out "$ROOT/docs/img/vmpo_mujoco_$env.png" --title "V-MPO and PPO, $env-v5, 1M steps" \
+    --label '^vmpo$=V-MPO' --label '^ppo$=PPO'
+  for tag in kl/mean kl/std kl/temperature charts/eta charts/alpha_mean charts/alpha_std; do  # each over the last 10%
+    python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "^${env}-v5__(vmpo)__\d+__\d+$" --tag "$tag" | tail -n 1
+  done
+done
