@@ -1,11 +1,12 @@
 """Run plumbing for the scripts of this repository: what every run needs and no paper describes.
 
 Flag and memory checks, device, seeds, run directory, start-up block, progress, TensorBoard, checkpoints and
---resume, Ctrl-C, --eval-checkpoint with video, and the torchrun helpers. A script describes itself in a
-`Script` and calls, from train():
+--resume, Ctrl-C, --eval-checkpoint with video, and the torchrun helpers; and what several scripts build with
+but no paper describes: the Procgen adapter, Gymnasium's vector envs, chunked no-grad passes and the gradient
+noise scale. A script describes itself in a `Script` and calls, from train():
 
     run = harness.start(args, SCRIPT)                 # everything before the algorithm's first line
-    global_step, first_iteration, next_obs, next_done = run.restore(...)  # what a checkpoint holds
+    global_step, first_iteration, next_obs, next_done = run.restore(harness.Saved(...), next_obs, next_done)
     run.after_step(global_step, info)                 # every env step: finished episodes, progress
     run.end_rollout()                                 # the rollout's episodes to TensorBoard
     run.updating(f"epoch {epoch + 1}/{epochs}")       # what the progress line says during the update
@@ -18,6 +19,7 @@ import ctypes
 import dataclasses
 import difflib
 import importlib.util
+import math
 import os
 import pickle
 import platform
@@ -31,6 +33,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable, Optional
 
 import gymnasium as gym
@@ -92,28 +95,203 @@ def default_run_name(args) -> str:
     return f"{args.env_id}__{args.exp_name}__{args.seed}"
 
 
+def batch_sizes(args, world_size: int = 1) -> tuple[int, int, int]:
+    """(batch_size, minibatch_size, num_iterations) of Args (torchrun: a worker's Args, and W workers)."""
+    batch_size = args.num_envs * world_size * args.num_steps
+    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
+
+
+def describe(args, world_size: int, checkpoint) -> str:
+    """The start-up block's line on the run's size (args: this worker's)."""
+    batch_size, _, num_iterations = batch_sizes(args, world_size)
+    return (f"{num_iterations * batch_size:,} in {plural(num_iterations, 'iteration')} of {batch_size:,} "
+            f"({plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps)")
+
+
+def worker_share(args, rank: int, world_size: int):
+    """A torchrun worker's Args: num_envs / W envs and seed + rank * num_envs / W. A Gymnasium vector env seeds its
+    env i with seed + i, so the W workers together step the very envs of a single process."""
+    num_envs = args.num_envs // world_size
+    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
+
+
 @dataclass
+class Saved:
+    """The script's objects that a checkpoint holds, each {name: object}; None entries are left out."""
+
+    models: dict  # modules (their state dicts)
+    optimizers: dict  # optimizers (their state dicts)
+    normalizers: dict = dataclasses.field(default_factory=dict)  # running statistics kept outside the env stack
+
+    def __post_init__(self):
+        self.models = {name: model for name, model in self.models.items() if model is not None}
+        self.normalizers = {name: normalizer for name, normalizer in self.normalizers.items() if normalizer is not None}
+
+
+@dataclass(kw_only=True)
 class Script:
     """What the harness needs to know of a script: everything that is the script's own."""
 
     file: str  # the script's __file__, for messages
     doc: str  # its docstring: the first paragraph names the algorithm, the `python ...` lines are its recipes
     args_type: type  # its Args dataclass
-    flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
-    check_args: Callable  # (args, observation_space, action_space): its own checks of the command line's Args
     make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
     acting_policy: Callable  # (args, envs, {name: state dict}, device) -> act(obs) -> env actions, for evaluation
-    describe: Callable  # (args, world_size, checkpoint) -> the start-up block's "steps" line
+    flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
+    check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the command line
+    describe: Callable = describe  # (args, world_size, checkpoint) -> the start-up block's "steps" line
     run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
     run_name: Callable = default_run_name  # args -> the run directory's name, without its time
-    procgen_games: tuple = ()  # env ids that are Procgen games (64x64x3 uint8 images, 15 actions)
+    procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
 
     @property
     def name(self) -> str:
         return os.path.basename(self.file)
+
+    @property
+    def procgen_games(self) -> tuple:
+        return PROCGEN_GAMES if self.procgen else ()
+
+
+# -------------------------------------------------------------------------- envs, a run's share of tensors
+PROCGEN_GAMES = (
+    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
+    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
+)
+
+
+class ProcgenVecEnv(gym.vector.VectorEnv):
+    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions, levels seeded.
+
+    Procgen resets a finished level inside `step`, so the observation returned with done=True is
+    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
+    """
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
+
+    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
+        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
+
+        self.venv = ProcgenEnv(num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
+                               distribution_mode=distribution_mode, rand_seed=seed)
+        self.num_envs, self.render_mode = num_envs, render_mode
+        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+
+    def reset(self, *, seed=None, options=None):
+        return self.venv.reset()["rgb"], {}
+
+    def step(self, actions):
+        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
+        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
+
+    def render(self):
+        """The 64x64 frames the agent sees, one per env (for video)."""
+        return list(self.venv.env.observe()[1]["rgb"])
+
+    def close(self):
+        self.venv.close()
+
+
+def gymnasium_envs(env_id: str, num_envs: int, norm_obs: bool = False, render_mode=None) -> gym.vector.VectorEnv:
+    """gymnasium.make_vec's sync envs with SAME_STEP autoreset. norm_obs normalizes each env's observations by
+    running statistics inside the autoreset, so that info["final_obs"] is normalized too (Gymnasium 1.4's vector
+    NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10."""
+    # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
+    clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
+                   observation_space=None)
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", render_mode=render_mode,
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                        wrappers=[gym.wrappers.NormalizeObservation, clip] if norm_obs else None)
+
+
+def obs_dtype(envs) -> torch.dtype:
+    """The dtype observations are kept in: uint8 for images (4x smaller than float), float32 otherwise."""
+    return torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
+
+
+def actor(sample: Callable, envs, device) -> Callable:
+    """obs (numpy) -> env actions for evaluation: `sample` (a tensor of observations -> a tensor of sampled actions)
+    without gradient, Box actions clipped to their bounds as in training."""
+    space, dtype = envs.single_action_space, obs_dtype(envs)
+
+    @torch.no_grad()
+    def act(obs):
+        action = sample(torch.as_tensor(obs, dtype=dtype, device=device)).cpu().numpy()
+        return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
+    return act
+
+
+@torch.no_grad()
+def in_chunks(forward: Callable, obs, chunk_size: int):
+    """forward(obs) without gradient, chunk_size rows at a time: the same numbers as one pass. On the CPU this
+    bounds a pass's memory to chunk_size frames' activations (64 frames: 16 MiB per layer) and is no slower."""
+    return torch.cat([forward(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
+
+
+def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
+    """Unbiased estimates (|G|^2, tr(Sigma)) from the squared norms of gradients over two batch sizes (McCandlish
+    et al., 2018, App. A): |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
+    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big). The simple noise scale B_simple = tr(Sigma) / |G|^2.
+    """
+    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+    return grad_sq, trace
+
+
+class GradientNoiseScale:
+    """--noise-scale, a diagnostic: B_simple of the gradient the optimizer steps on. In each epoch, the squared norm
+    of every minibatch's gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one
+    estimate of |G|^2 and tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over
+    iterations (decay) before their ratio is taken, as McCandlish et al. recommend. Batch size-invariance is expected
+    while minibatches are well below it. The |G|^2 estimate of one epoch is often negative once the policy nears a
+    stationary point, so the ratio is nan while the EWMA of |G|^2 is not positive; averaging the two parts over a
+    longer window is then the steadier read."""
+
+    def __init__(self, decay=0.9):
+        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
+        self.sq_norms, self.grad_sum, self.epochs = [], None, []
+
+    @torch.no_grad()
+    def add(self, model):
+        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
+        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        self.sq_norms.append(grad.square().sum())
+        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
+
+    def end_epoch(self, minibatch_size):
+        num_minibatches = len(self.sq_norms)
+        if num_minibatches > 1:  # two batch sizes are needed
+            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
+            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
+                                                     big_sq_norm, num_minibatches * minibatch_size))
+        self.sq_norms, self.grad_sum = [], None
+
+    def end_iteration(self):
+        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
+        if self.epochs:
+            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
+            self.weight = self.decay * self.weight + 1.0
+            self.grad_sq = self.decay * self.grad_sq + grad_sq
+            self.trace = self.decay * self.trace + trace
+            self.epochs = []
+        if not self.weight:
+            return float("nan"), float("nan"), float("nan")
+        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
+
+    def log(self, writer, global_step, minibatch_size) -> None:
+        """The iteration's estimates to TensorBoard, next to the minibatch size they are compared with."""
+        b_simple, grad_sq, trace = self.end_iteration()
+        writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
+        writer.add_scalar("charts/grad_noise_trace", trace, global_step)
+        writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
+        writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
 
 
 # ------------------------------------------------------------------------------------- a run's life
@@ -126,9 +304,7 @@ def start(args, script: Script) -> "Run":
     run_args = script.run_args(args)
     if world_size > 1:  # this worker's num_envs / W envs and its own seed
         run_args = script.worker_share(run_args, rank, world_size)
-    random.seed(run_args.seed)
-    np.random.seed(run_args.seed)
-    torch.manual_seed(run_args.seed)
+    seed_everything(run_args.seed)
     torch.backends.cudnn.deterministic = run_args.torch_deterministic
     device, device_note = choose_device(args.cuda)
     envs = script.make_env(run_args)
@@ -148,6 +324,12 @@ def start(args, script: Script) -> "Run":
                   dict(lines, saves=saves_note(args, world_size)))
     suggest_recipe(args, script)
     return run
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def plural(count: int, noun: str) -> str:
@@ -197,21 +379,21 @@ class Run:
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def restore(self, num_iterations, batch_size, models, optimizers, normalizers, next_obs, next_done) -> tuple:
-        """Remember what a checkpoint holds (models, optimizers: {name: module}; normalizers: {name: object with
-        running statistics}; None entries are left out) and, with --resume, load it into them. Returns
-        (global_step, first iteration to run, next_obs, next_done)."""
-        self.num_iterations, self.models, self.optimizers = num_iterations, models, optimizers
-        self.normalizers = {name: normalizer for name, normalizer in normalizers.items() if normalizer is not None}
+    def restore(self, saved: Saved, next_obs, next_done, num_iterations: Optional[int] = None) -> tuple:
+        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs. num_iterations:
+        the run's length, by default batch_sizes'. Returns (global_step, first iteration to run, next_obs,
+        next_done)."""
+        batch_size, _, default_iterations = batch_sizes(self.args, self.world_size)
+        self.saved, self.num_iterations = saved, num_iterations or default_iterations
         global_step, first_iteration = 0, 1
         if self.checkpoint is not None:
-            global_step, first_iteration, next_obs, next_done = restore_run(
-                self.checkpoint, models, optimizers, self.envs, self.episode_returns, next_obs, next_done,
-                self.normalizers)
+            global_step, first_iteration, next_obs, next_done = restore_run(self.checkpoint, saved, self.envs,
+                                                                            next_obs, next_done)
+            self.episode_returns.extend(self.checkpoint["episode_returns"])
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.last_eval_step = global_step
         self.start_step, self.start_time = global_step, time.time()
-        self.progress = Progress(num_iterations * batch_size, global_step)
+        self.progress = Progress(self.num_iterations * batch_size, global_step)
         return global_step, first_iteration, next_obs, next_done
 
     def after_step(self, global_step: int, info: dict) -> None:
@@ -275,21 +457,18 @@ class Run:
         obs_states = [states[name] for name in sorted(states, key=natural_key) if name.startswith("obs_")]
         load_normalizers(self.eval_envs, {f"obs_{i}": obs_states[i % len(obs_states)] for i in range(num_episodes)}
                          if obs_states else {}, freeze=True)
-        weights = {name: model.state_dict() for name, model in self.models.items() if model is not None}
-        act = self.script.acting_policy(self.args, self.eval_envs, weights, self.device)
-        returns, (obs, _) = [None] * num_episodes, self.eval_envs.reset(seed=seed)
-        while any(episode_return is None for episode_return in returns):
-            obs, _, _, _, info = self.eval_envs.step(act(obs))
-            for i in np.flatnonzero(info.get("_episode", ())):
-                returns[i] = float(info["episode"]["r"][i]) if returns[i] is None else returns[i]
+        weights = {name: model.state_dict() for name, model in self.saved.models.items()}
+        returns = play(self.eval_envs, self.script.acting_policy(self.args, self.eval_envs, weights, self.device),
+                       num_episodes, seed)
         set_rng_state(rng)
         return returns
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
         save_checkpoint(os.path.join(self.run_dir, file_name), make_checkpoint(
-            self.command_args, self.models, self.optimizers, self.envs, global_step, iteration, self.num_iterations,
-            self.episode_returns, next_obs, next_done, self.normalizers, script=self.script.name, **extra))
+            self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
+            iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
+            script=self.script.name, **extra))
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
         """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
@@ -611,25 +790,19 @@ class Progress:
 
 
 # ----------------------------------------------------------------------------- checkpoints and resume
-def make_checkpoint(args, models, optimizers, envs, global_step, iteration, num_iterations, episode_returns,
-                    next_obs, next_done, normalizers=None, **extra) -> dict:
-    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read).
-
-    models, optimizers: {name: module or optimizer}; normalizers: {name: object} for running statistics
-    kept outside the env stack (saved as their attributes); None entries are left out; extra: more keys."""
+def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
+    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read): the Args,
+    the state dicts of `saved`, its normalizers' attributes with the env stack's statistics, the random state, the
+    envs, and `keys` (global_step, iteration, num_iterations, episode_returns, and a script's own)."""
     return {
         "args": dataclasses.asdict(args),
-        "models": {name: model.state_dict() for name, model in models.items() if model is not None},
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in optimizers.items()},
-        "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer)) for name, normalizer in
-                                                      (normalizers or {}).items() if normalizer is not None}},
+        "models": {name: model.state_dict() for name, model in saved.models.items()},
+        "optimizers": {name: optimizer.state_dict() for name, optimizer in saved.optimizers.items()},
+        "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer))
+                                                      for name, normalizer in saved.normalizers.items()}},
         "rng": rng_state(),
-        "global_step": global_step,
-        "iteration": iteration,
-        "num_iterations": num_iterations,
-        "episode_returns": list(episode_returns),
         "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
-        **extra,
+        **keys,
     }
 
 
@@ -688,23 +861,20 @@ def resume_from(args, script: Script) -> tuple:
     return resumed, checkpoint
 
 
-def restore_run(checkpoint, models, optimizers, envs, episode_returns, next_obs, next_done,
-                normalizers=None) -> tuple:
-    """Load a checkpoint into the live run (arguments as for make_checkpoint): (global_step, first iteration
-    to run, next_obs, next_done). Gymnasium envs continue exactly where they were; envs that cannot be pickled
-    (Procgen) restart fresh and keep only their normalizers' statistics: their current episodes are lost."""
-    missing = [name for name, model in models.items() if model is not None and name not in checkpoint["models"]]
+def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done) -> tuple:
+    """Load a checkpoint into `saved` and the envs: (global_step, first iteration to run, next_obs, next_done).
+    Gymnasium envs continue exactly where they were; envs that cannot be pickled (Procgen) restart fresh and keep
+    only their normalizers' statistics: their current episodes are lost."""
+    missing = [name for name in saved.models if name not in checkpoint["models"]]
     if missing:
         raise SystemExit(f"--resume: the checkpoint holds no {', '.join(missing)}; it is not this script's.")
-    for name, model in models.items():
-        if model is not None:
-            model.load_state_dict(checkpoint["models"][name])
-    for name, optimizer in optimizers.items():
+    for name, model in saved.models.items():
+        model.load_state_dict(checkpoint["models"][name])
+    for name, optimizer in saved.optimizers.items():
         optimizer.load_state_dict(checkpoint["optimizers"][name])
-    for name, normalizer in (normalizers or {}).items():
-        if normalizer is not None and name in checkpoint["normalizers"]:  # a checkpoint's older scripts may lack one
+    for name, normalizer in saved.normalizers.items():
+        if name in checkpoint["normalizers"]:  # a checkpoint's older scripts may lack one
             vars(normalizer).update(checkpoint["normalizers"][name])
-    episode_returns.extend(checkpoint["episode_returns"])
     saved_env = checkpoint["env"]
     if saved_env["state"] is not None:
         restore_env_state(envs, saved_env["state"])
@@ -813,6 +983,18 @@ def check_rendering(env_id: str, procgen_games=()) -> None:
             raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({error}).") from None
 
 
+def play(envs, act, num_episodes: int, seed: int) -> list:
+    """The raw returns of num_episodes episodes played by act(obs) -> actions on envs reset with `seed`: the first
+    num_episodes / num_envs episodes of each env (one env: its first num_episodes; num_episodes envs: one each)."""
+    per_env, (obs, _) = num_episodes // envs.num_envs, envs.reset(seed=seed)
+    returns = [[] for _ in range(envs.num_envs)]
+    while any(len(env_returns) < per_env for env_returns in returns):
+        obs, _, _, _, info = envs.step(act(obs))
+        for i in np.flatnonzero(info.get("_episode", ())):
+            returns[i].append(float(info["episode"]["r"][i]))
+    return [episode_return for env_returns in returns for episode_return in env_returns[:per_env]]
+
+
 def evaluate(args, script: Script) -> dict:
     """--eval-checkpoint: play the saved policy (sampled, as in training) on one env with the saved
     normalization frozen; print and log (eval/mean_return, eval/std_return) the raw episodic return."""
@@ -843,16 +1025,9 @@ def evaluate(args, script: Script) -> dict:
     except KeyError as missing:
         raise SystemExit(f"--eval-checkpoint {args.eval_checkpoint} holds no {missing}; it is not a {script.name} "
                          f"checkpoint.") from None
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    returns, (obs, _) = [], envs.reset(seed=args.seed)
-    while len(returns) < args.eval_episodes:
-        obs, _, _, _, info = envs.step(act(obs))
-        if "episode" in info:
-            returns.extend(info["episode"]["r"][info["_episode"]].tolist())
+    seed_everything(args.seed)
+    returns = play(envs, act, args.eval_episodes, args.seed)
     envs.close()
-    returns = returns[:args.eval_episodes]
     mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
     writer = SummaryWriter(run_dir)
     writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, returns {returns}")

@@ -31,12 +31,6 @@ import tyro
 
 import harness
 
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)
-
-
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
     exp_name: str = "ppg_ewma"
@@ -171,62 +165,14 @@ def apply_batch_divisor(args: Args) -> Args:
     return dataclasses.replace(args, **changes)
 
 
-def batch_sizes(args: Args, world_size: int = 1) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) derived from Args (torchrun: a worker's, and W workers)."""
-    batch_size = args.num_envs * world_size * args.num_steps
-    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
-
-
 # ---------------------------------------------------------------------------------- environment
-class ProcgenVecEnv(gym.vector.VectorEnv):
-    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
-
-    Procgen resets a finished level inside `step`, so the observation returned with done=True is
-    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
-    """
-
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
-
-    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
-        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
-
-        self.venv = ProcgenEnv(
-            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
-            distribution_mode=distribution_mode, rand_seed=seed,
-        )
-        self.num_envs, self.render_mode = num_envs, render_mode
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-
-    def reset(self, *, seed=None, options=None):
-        return self.venv.reset()["rgb"], {}
-
-    def step(self, actions):
-        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
-        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
-
-    def render(self):
-        """The 64x64 frames the agent sees, one per env (for video)."""
-        return list(self.venv.env.observe()[1]["rgb"])
-
-    def close(self):
-        self.venv.close()
-
-
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in PROCGEN_GAMES:
-        envs = ProcgenVecEnv(
-            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed,
-            render_mode,
-        )
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
     else:
-        envs = gym.make_vec(
-            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, render_mode=render_mode,
-        )
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
@@ -494,57 +440,6 @@ def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
     return beta_clone * clone_kl + l_aux + l_value
 
 
-def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
-    """Unbiased estimates (|G|^2, tr(Sigma)) from the squared norms of gradients over two batch sizes (McCandlish
-    et al., 2018, App. A): |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
-    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big). The simple noise scale B_simple = tr(Sigma) / |G|^2.
-    """
-    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
-    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
-    return grad_sq, trace
-
-
-class GradientNoiseScale:
-    """B_simple of the gradient the optimizer steps on. In each epoch, the squared norm of every minibatch's
-    gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one estimate of |G|^2 and
-    tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over iterations (decay) before
-    their ratio is taken, as McCandlish et al. recommend. Invariance is expected while minibatches are well below it.
-    The |G|^2 estimate of one epoch is often negative once the policy nears a stationary point, so the ratio is nan
-    while the EWMA of |G|^2 is not positive; averaging the two parts over a longer window is then the steadier read."""
-
-    def __init__(self, decay=0.9):
-        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
-        self.sq_norms, self.grad_sum, self.epochs = [], None, []
-
-    @torch.no_grad()
-    def add(self, model):
-        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
-        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-        self.sq_norms.append(grad.square().sum())
-        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
-
-    def end_epoch(self, minibatch_size):
-        num_minibatches = len(self.sq_norms)
-        if num_minibatches > 1:  # two batch sizes are needed
-            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
-            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
-                                                     big_sq_norm, num_minibatches * minibatch_size))
-        self.sq_norms, self.grad_sum = [], None
-
-    def end_iteration(self):
-        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
-        if self.epochs:
-            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
-            self.weight = self.decay * self.weight + 1.0
-            self.grad_sq = self.decay * self.grad_sq + grad_sq
-            self.trace = self.decay * self.trace + trace
-            self.epochs = []
-        if not self.weight:
-            return float("nan"), float("nan"), float("nan")
-        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
-        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
-
-
 def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generator=None):
     """Minibatches of the auxiliary phase: whole trajectories, as flat indices into an [N_pi, T, N] buffer.
 
@@ -622,25 +517,14 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-@torch.no_grad()
-def logits_in_chunks(model, obs, chunk_size):
-    """model.get_logits(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
-
-    Why, on CPU: it bounds a pass's memory to 64 frames' activations (16 MiB per layer) and is no slower.
-    Here a 2048-frame pass took 1.21 s at once and 1.09 s in chunks of 64 on one thread, about the same on
-    two (2.83 s at once before keep_freed_memory, when each large buffer was page-faulted in again).
-    """
-    return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
-
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
     args, envs, device, writer = run.args, run.envs, run.device, run.writer  # args: batch divisor applied
-    batch_size, minibatch_size, num_iterations = batch_sizes(args, run.world_size)
+    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
     if args.batch_divisor != 1:
         changes = harness.hyperparameter_changes(run.command_args, apply_batch_divisor(run.command_args))
         print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
@@ -657,13 +541,13 @@ def train(args: Args) -> dict:
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
                                      betas=(run.command_args.adam_beta1, run.command_args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
-    noise_scale = GradientNoiseScale() if args.noise_scale else None
+    noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
     # auxiliary phase; empty: the OS commits the pages only as the first phase fills them
     obs_shape = envs.single_observation_space.shape
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+    obs_dtype = harness.obs_dtype(envs)
     phase_obs = torch.empty((args.n_pi, args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype)
     phase_returns = torch.zeros((args.n_pi, args.num_steps, args.num_envs))
     actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
@@ -679,10 +563,10 @@ def train(args: Args) -> dict:
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds (with the EWMA weight w), restored with --resume; checkpoints are taken only where a
     # phase ends (its buffer is then spent), the first phase end at or after every --checkpoint-every iterations
-    global_step, first_iteration, next_obs, next_done = run.restore(
-        num_iterations, batch_size, {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
-        {"optimizer": optimizer, "aux_optimizer": aux_optimizer},
-        {"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale}, next_obs, next_done)
+    saved = harness.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
+                          optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
+                          normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
@@ -742,7 +626,7 @@ def train(args: Args) -> dict:
                 new_logits = policy.get_logits(mb_obs)
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
                 if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
-                    prox_logits = logits_in_chunks(ewma_policy, mb_obs, prox_chunk_size)
+                    prox_logits = harness.in_chunks(ewma_policy.get_logits, mb_obs, prox_chunk_size)
                     prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
                 else:
                     prox_logits, prox_logp = b_logits[mb_inds], mb_behav_logp
@@ -802,11 +686,7 @@ def train(args: Args) -> dict:
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         if noise_scale is not None:
-            b_simple, grad_sq, trace = noise_scale.end_iteration()
-            writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
-            writer.add_scalar("charts/grad_noise_trace", trace, global_step)
-            writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
-            writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
+            noise_scale.log(writer, global_step, minibatch_size)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
             writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
@@ -861,7 +741,7 @@ def check_args(args: Args, observation_space, action_space) -> None:
 def aux_buffer_bytes(args: Args) -> int:
     """Bytes the auxiliary phase keeps: N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for
     Procgen), plus a float32 value target and the pre-phase policy's float32 logits per observation."""
-    if args.env_id in PROCGEN_GAMES:
+    if args.env_id in harness.PROCGEN_GAMES:
         obs_bytes, num_actions = 64 * 64 * 3, 15
     else:
         env = gym.make(args.env_id)
@@ -873,10 +753,7 @@ def aux_buffer_bytes(args: Args) -> int:
 
 
 def describe(args: Args, world_size: int, checkpoint) -> str:
-    """The start-up block's line on the run's size (args: this worker's)."""
-    batch_size, _, num_iterations = batch_sizes(args, world_size)
-    return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of {batch_size:,} "
-            f"({harness.plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps), phases of {args.n_pi}")
+    return harness.describe(args, world_size, checkpoint) + f", phases of {args.n_pi}"
 
 
 def worker_share(args: Args, rank: int, world_size: int) -> Args:
@@ -886,8 +763,7 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
     if args.aux_minibatch_size % world_size != 0:
         raise SystemExit(f"--aux-minibatch-size {args.aux_minibatch_size} is the total over all workers, so it must be "
                          f"a multiple of the {world_size} torchrun workers.")
-    num_envs = args.num_envs // world_size
-    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs,
+    return dataclasses.replace(harness.worker_share(args, rank, world_size),
                                aux_minibatch_size=args.aux_minibatch_size // world_size)
 
 
@@ -895,20 +771,13 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy network (not the EWMA) as obs -> sampled env actions."""
     policy = PolicyNetwork(envs).to(device)
     policy.load_state_dict(models["policy"])
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
-
-    @torch.no_grad()
-    def act(obs):
-        logits = policy.get_logits(torch.as_tensor(obs, dtype=obs_dtype, device=device))
-        return torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
-    return act
+    return harness.actor(lambda obs: torch.distributions.Categorical(logits=policy.get_logits(obs)).sample(), envs,
+                         device)
 
 
-
-SCRIPT = harness.Script(
-    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
-    run_args=apply_batch_divisor, worker_share=worker_share, procgen_games=PROCGEN_GAMES,
-)
+SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
+                        flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
+                        run_args=apply_batch_divisor, worker_share=worker_share, procgen=True)
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

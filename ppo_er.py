@@ -15,7 +15,6 @@ L = 1 is PPO, on the same code path.
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from functools import partial
 from typing import Optional
 
 import gymnasium as gym
@@ -76,27 +75,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """standardize the advantages within each minibatch (the paper does not say; common PPO practice)"""
 
 
-def batch_sizes(args: Args) -> tuple[int, int, int]:
-    """(batch_size N, minibatch_size M, num_iterations) derived from Args."""
-    batch_size = args.num_envs * args.num_steps
-    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
-
-
 # ---------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics and reward scaling.
-
-    --norm-obs normalizes each actor's observations inside the autoreset, so that info["final_obs"] is normalized
-    too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10.
-    """
-    # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
-    clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
-                   observation_space=None)
-    envs = gym.make_vec(
-        args.env_id, num_envs=args.num_envs, vectorization_mode="sync", render_mode=render_mode,
-        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-        wrappers=[gym.wrappers.NormalizeObservation, clip] if args.norm_obs else None,
-    )
+    """Vectorized env with raw-score episode statistics and reward scaling (--norm-obs: harness.gymnasium_envs)."""
+    envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
     if args.norm_reward:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
@@ -235,7 +217,7 @@ def train(args: Args) -> dict:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
     args, envs, device, writer = run.args, run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
 
     agent = Agent(envs).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
@@ -255,8 +237,8 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    global_step, first_iteration, next_obs, next_done = run.restore(  # what a checkpoint holds, with --resume
-        num_iterations, batch_size, {"agent": agent}, {"optimizer": optimizer}, {}, next_obs, next_done)
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     if run.checkpoint is not None:
         replay.batches.extend(run.checkpoint["replay"])
 
@@ -387,7 +369,7 @@ def check_args(args: Args, observation_space, action_space) -> None:
 
 def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size."""
-    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
     return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of N = {batch_size:,} "
             f"({harness.plural(args.num_envs, 'actor')} x {args.num_steps} steps); "
             f"M = {minibatch_size}, L = {args.replay_batches}")
@@ -397,20 +379,16 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy network as obs -> sampled env actions (clipped to the bounds, as in training)."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    space = envs.single_action_space
 
-    @torch.no_grad()
-    def act(obs):
-        mean, log_std = agent.get_policy(torch.as_tensor(obs, dtype=torch.float32, device=device))
-        return np.clip((mean + log_std.exp() * torch.randn_like(mean)).cpu().numpy(), space.low, space.high)
-    return act
+    def sample(obs):
+        mean, log_std = agent.get_policy(obs)
+        return mean + log_std.exp() * torch.randn_like(mean)
+    return harness.actor(sample, envs, device)
 
 
-
-SCRIPT = harness.Script(
-    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
-    actions="continuous", images=False,
-)
+SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
+                        flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe, actions="continuous",
+                        images=False)
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

@@ -25,7 +25,6 @@ import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -35,12 +34,6 @@ import torch.nn as nn
 import tyro
 
 import harness
-
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)
-
 
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
@@ -168,66 +161,18 @@ def apply_batch_divisor(args: Args) -> Args:
     return dataclasses.replace(args, **changes)
 
 
-def batch_sizes(args: Args, world_size: int = 1) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) derived from Args (torchrun: a worker's, and W workers)."""
-    batch_size = args.num_envs * world_size * args.num_steps
-    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
-
-
 # ---------------------------------------------------------------------------------- environment
-class ProcgenVecEnv(gym.vector.VectorEnv):
-    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
-
-    Procgen resets a finished level inside `step`, so the observation returned with done=True is
-    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
-    """
-
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
-
-    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
-        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
-
-        self.venv = ProcgenEnv(num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
-                               distribution_mode=distribution_mode, rand_seed=seed)
-        self.num_envs, self.render_mode = num_envs, render_mode
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-
-    def reset(self, *, seed=None, options=None):
-        return self.venv.reset()["rgb"], {}
-
-    def step(self, actions):
-        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
-        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
-
-    def render(self):
-        """The 64x64 frames the agent sees, one per env (for video)."""
-        return list(self.venv.env.observe()[1]["rgb"])
-
-    def close(self):
-        self.venv.close()
-
-
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """Vectorized env that records raw-score episode statistics (rewards are normalized in train()).
 
     --norm-obs normalizes each env's observations inside the autoreset, so that info["final_obs"] is normalized
     too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10.
     """
-    if args.env_id in PROCGEN_GAMES:
-        envs = ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode,
-                             args.seed, render_mode)
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
     else:
-        # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
-        clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
-                       observation_space=None)
-        envs = gym.make_vec(
-            args.env_id, num_envs=args.num_envs, vectorization_mode="sync", render_mode=render_mode,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            wrappers=[gym.wrappers.NormalizeObservation, clip] if args.norm_obs else None,
-        )
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
@@ -400,57 +345,6 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
-def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
-    """Unbiased estimates (|G|^2, tr(Sigma)) from the squared norms of gradients over two batch sizes (McCandlish
-    et al., 2018, App. A): |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
-    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big). The simple noise scale B_simple = tr(Sigma) / |G|^2.
-    """
-    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
-    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
-    return grad_sq, trace
-
-
-class GradientNoiseScale:
-    """B_simple of the gradient the optimizer steps on. In each epoch, the squared norm of every minibatch's
-    gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one estimate of |G|^2 and
-    tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over iterations (decay) before
-    their ratio is taken, as McCandlish et al. recommend. Invariance is expected while minibatches are well below it.
-    The |G|^2 estimate of one epoch is often negative once the policy nears a stationary point, so the ratio is nan
-    while the EWMA of |G|^2 is not positive; averaging the two parts over a longer window is then the steadier read."""
-
-    def __init__(self, decay=0.9):
-        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
-        self.sq_norms, self.grad_sum, self.epochs = [], None, []
-
-    @torch.no_grad()
-    def add(self, model):
-        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
-        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
-        self.sq_norms.append(grad.square().sum())
-        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
-
-    def end_epoch(self, minibatch_size):
-        num_minibatches = len(self.sq_norms)
-        if num_minibatches > 1:  # two batch sizes are needed
-            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
-            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
-                                                     big_sq_norm, num_minibatches * minibatch_size))
-        self.sq_norms, self.grad_sum = [], None
-
-    def end_iteration(self):
-        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
-        if self.epochs:
-            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
-            self.weight = self.decay * self.weight + 1.0
-            self.grad_sq = self.decay * self.grad_sq + grad_sq
-            self.trace = self.decay * self.trace + trace
-            self.epochs = []
-        if not self.weight:
-            return float("nan"), float("nan"), float("nan")
-        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
-        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
-
-
 def gaussian_log_prob(actions, mean, log_std):
     """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
     return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
@@ -619,25 +513,14 @@ def sample_actions(pi, continuous=False):
     return torch.distributions.Categorical(logits=pi, validate_args=False).sample()
 
 
-@torch.no_grad()
-def pi_in_chunks(model, obs, chunk_size):
-    """model.get_pi(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
-
-    Why, on CPU: it bounds a pass's memory to 64 frames' activations (16 MiB per layer) and is no slower.
-    Here a 2048-frame pass took 1.21 s at once and 1.09 s in chunks of 64 on one thread, about the same on
-    two (2.83 s at once before keep_freed_memory, when each large buffer was page-faulted in again).
-    """
-    return torch.cat([model.get_pi(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
-
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
     args, envs, device, writer = run.args, run.envs, run.device, run.writer  # args: batch divisor applied
-    batch_size, minibatch_size, num_iterations = batch_sizes(args, run.world_size)
+    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see pi_in_chunks
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
     if args.batch_divisor != 1:
         command_args = run_args(run.command_args, divide=False)  # the defaults filled in
         changes = harness.hyperparameter_changes(command_args, apply_batch_divisor(command_args))
@@ -658,7 +541,7 @@ def train(args: Args) -> dict:
                                  betas=(args.adam_beta1, args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
-    noise_scale = GradientNoiseScale() if args.noise_scale else None
+    noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
     continuous, action_space = agent.continuous, envs.single_action_space
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
@@ -667,8 +550,8 @@ def train(args: Args) -> dict:
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
 
-    # rollout storage; observations are uint8 for Procgen (4x smaller than float), float32 otherwise
-    obs_dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
+    # rollout storage
+    obs_dtype = harness.obs_dtype(envs)
     obs_shape, action_shape = envs.single_observation_space.shape, action_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
     action_dtype = torch.float32 if continuous else torch.long
@@ -685,9 +568,9 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds (with the EWMA weight w), restored with --resume
-    global_step, first_iteration, next_obs, next_done = run.restore(
-        num_iterations, batch_size, {"agent": agent, "ewma_agent": ewma_agent}, {"optimizer": optimizer},
-        {"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale}, next_obs, next_done)
+    saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
+                          normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
@@ -750,7 +633,7 @@ def train(args: Args) -> dict:
                 if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
                     break
                 if ewma_agent is not None:  # pi_prox: one forward pass of the EWMA network
-                    prox_pi = pi_in_chunks(ewma_agent, mb_obs, prox_chunk_size)
+                    prox_pi = harness.in_chunks(ewma_agent.get_pi, mb_obs, prox_chunk_size)
                     prox_logp = log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
                 else:
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
@@ -801,11 +684,7 @@ def train(args: Args) -> dict:
         if args.target_kl is not None:
             writer.add_scalar("charts/update_epochs_run", gradient_steps / args.num_minibatches, global_step)
         if noise_scale is not None:
-            b_simple, grad_sq, trace = noise_scale.end_iteration()
-            writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
-            writer.add_scalar("charts/grad_noise_trace", trace, global_step)
-            writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
-            writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
+            noise_scale.log(writer, global_step, minibatch_size)
 
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
@@ -850,24 +729,10 @@ def check_args(args: Args, observation_space, action_space) -> None:
                          "--num-envs or --num-steps")
 
 
-def describe(args: Args, world_size: int, checkpoint) -> str:
-    """The start-up block's line on the run's size (args: this worker's)."""
-    batch_size, _, num_iterations = batch_sizes(args, world_size)
-    return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of {batch_size:,} "
-            f"({harness.plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps)")
-
-
-def worker_share(args: Args, rank: int, world_size: int) -> Args:
-    """A torchrun worker's Args: num_envs / W envs and seed + rank * num_envs / W. A Gymnasium vector env seeds its
-    env i with seed + i, so the W workers together step the very envs of a single process."""
-    num_envs = args.num_envs // world_size
-    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
-
-
 def run_args(args: Args, divide: bool = True) -> Args:
     """The Args a run trains with: the defaults that depend on the action type filled in, the batch divisor applied
     (unless not `divide`)."""
-    continuous = isinstance(harness.env_spaces(args.env_id, PROCGEN_GAMES)[1], gym.spaces.Box)
+    continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
     ewma_com = 3.0 * args.update_epochs * args.num_minibatches if continuous else 8.0  # 3 x E x M: measured, MuJoCo
     filled = dataclasses.replace(
         args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
@@ -881,20 +746,12 @@ def acting_policy(args: Args, envs, models: dict, device):
     (clipped to the bounds for continuous actions, as in training)."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    obs_dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
-    space = envs.single_action_space
-
-    @torch.no_grad()
-    def act(obs):
-        action = sample_actions(agent.get_pi(torch.as_tensor(obs, dtype=obs_dtype, device=device)), agent.continuous)
-        return np.clip(action.cpu().numpy(), space.low, space.high) if agent.continuous else action.cpu().numpy()
-    return act
+    return harness.actor(lambda obs: sample_actions(agent.get_pi(obs), agent.continuous), envs, device)
 
 
-SCRIPT = harness.Script(
-    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe, run_args=run_args,
-    worker_share=worker_share, procgen_games=PROCGEN_GAMES, actions="any",
-)
+SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
+                        flag_ranges=FLAG_RANGES, check_args=check_args, run_args=run_args,
+                        worker_share=harness.worker_share, procgen=True, actions="any")
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

@@ -14,7 +14,6 @@ the behaviour policy (which collected the data k iterations ago). `--objective` 
         --update-epochs 4 --learning-rate 1e-3 --gamma 0.99 --total-timesteps 60000 --staleness 8 \\
         --objective decoupled                                  # CPU recipe: about 450 of 500, 10 s here
 """
-import dataclasses
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
@@ -27,12 +26,6 @@ import torch.nn as nn
 import tyro
 
 import harness
-
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)
-
 
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
@@ -99,62 +92,14 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """which policy is pi_old: recent (Fig. 1a), decoupled prox=recent/IS=behav (Fig. 1b), behavior (Fig. 1c)"""
 
 
-def batch_sizes(args: Args, world_size: int = 1) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) derived from Args (torchrun: a worker's, and W workers)."""
-    batch_size = args.num_envs * world_size * args.num_steps
-    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
-
-
 # ---------------------------------------------------------------------------------- environment
-class ProcgenVecEnv(gym.vector.VectorEnv):
-    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
-
-    Procgen resets a finished level inside `step`, so the observation returned with done=True is
-    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
-    """
-
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
-
-    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
-        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
-
-        self.venv = ProcgenEnv(
-            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
-            distribution_mode=distribution_mode, rand_seed=seed,
-        )
-        self.num_envs, self.render_mode = num_envs, render_mode
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-
-    def reset(self, *, seed=None, options=None):
-        return self.venv.reset()["rgb"], {}
-
-    def step(self, actions):
-        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
-        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
-
-    def render(self):
-        """The 64x64 frames the agent sees, one per env (for video)."""
-        return list(self.venv.env.observe()[1]["rgb"])
-
-    def close(self):
-        self.venv.close()
-
-
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in PROCGEN_GAMES:
-        envs = ProcgenVecEnv(
-            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed,
-            render_mode,
-        )
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
     else:
-        envs = gym.make_vec(
-            args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP}, render_mode=render_mode,
-        )
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
@@ -398,25 +343,14 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
-@torch.no_grad()
-def logits_in_chunks(model, obs, chunk_size):
-    """model.get_logits(obs) without gradient, chunk_size rows at a time: the same numbers as one pass.
-
-    Why, on CPU: it bounds a pass's memory to 64 frames' activations (16 MiB per layer) and is no slower.
-    Here a 2048-frame pass took 1.21 s at once and 1.09 s in chunks of 64 on one thread, about the same on
-    two (2.83 s at once before keep_freed_memory, when each large buffer was page-faulted in again).
-    """
-    return torch.cat([model.get_logits(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
-
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
     args, envs, device, writer = run.args, run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = batch_sizes(args, run.world_size)
+    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained
-    recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see logits_in_chunks
+    recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
 
     agent = Agent(envs).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
@@ -426,16 +360,16 @@ def train(args: Args) -> dict:
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
     obs_shape = envs.single_observation_space.shape
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+    obs_dtype = harness.obs_dtype(envs)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds, restored with --resume; the queue is not saved (at the paper's scale it is k rollouts
     # of 0.8 GB): a resumed run collects as many rollouts as it held again
-    global_step, first_iteration, next_obs, next_done = run.restore(
-        last_iteration, batch_size, {"agent": agent}, {"optimizer": optimizer}, {"reward": reward_normalizer},
-        next_obs, next_done)
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+                          normalizers={"reward": reward_normalizer})
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done, last_iteration)
     trained_steps = run.checkpoint["trained_steps"] if run.checkpoint else 0
 
     for iteration in range(first_iteration, last_iteration + 1):
@@ -504,7 +438,7 @@ def train(args: Args) -> dict:
         if args.staleness == 0:
             b_recent_logits, b_recent_logps = b_logits, b_behav_logps
         else:
-            b_recent_logits = logits_in_chunks(agent, b_obs, recent_chunk_size)
+            b_recent_logits = harness.in_chunks(agent.get_logits, b_obs, recent_chunk_size)
             b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 
@@ -588,23 +522,16 @@ def count_iterations(args: Args, world_size: int, checkpoint) -> int:
     resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
         return checkpoint["num_iterations"] + checkpoint["queued"]
-    return batch_sizes(args, world_size)[2] + args.staleness
+    return harness.batch_sizes(args, world_size)[2] + args.staleness
 
 
 def describe(args: Args, world_size: int, checkpoint) -> str:
     """The start-up block's line on the run's size (args: this worker's)."""
-    batch_size, _, num_iterations = batch_sizes(args, world_size)
+    batch_size, _, num_iterations = harness.batch_sizes(args, world_size)
     last_iteration = count_iterations(args, world_size, checkpoint)
     return (f"{last_iteration * batch_size:,} in {harness.plural(last_iteration, 'iteration')} of {batch_size:,} "
             f"({harness.plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps), "
             f"{num_iterations:,} of them trained on")
-
-
-def worker_share(args: Args, rank: int, world_size: int) -> Args:
-    """A torchrun worker's Args: num_envs / W envs and seed + rank * num_envs / W. A Gymnasium vector env seeds its
-    env i with seed + i, so the W workers together step the very envs of a single process."""
-    num_envs = args.num_envs // world_size
-    return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
 
 
 def run_name(args: Args) -> str:
@@ -615,20 +542,13 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy, the latest weights, as obs -> sampled env actions."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
-
-    @torch.no_grad()
-    def act(obs):
-        logits = agent.get_logits(torch.as_tensor(obs, dtype=obs_dtype, device=device))
-        return torch.distributions.Categorical(logits=logits).sample().cpu().numpy()
-    return act
+    return harness.actor(lambda obs: torch.distributions.Categorical(logits=agent.get_logits(obs)).sample(), envs,
+                         device)
 
 
-
-SCRIPT = harness.Script(
-    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
-    worker_share=worker_share, run_name=run_name, procgen_games=PROCGEN_GAMES,
-)
+SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
+                        flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
+                        worker_share=harness.worker_share, run_name=run_name, procgen=True)
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

@@ -20,7 +20,6 @@ import copy
 import math
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -32,10 +31,6 @@ import tyro
 
 import harness
 
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)
 MULTIPLIER_MIN = 1e-8  # eta_min = alpha_min (Sec. 4.2.2)
 
 
@@ -113,72 +108,18 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
 
 def norm_obs(args: Args) -> bool:
     """--norm-obs, its default filled in: on for Box actions."""
-    continuous = isinstance(harness.env_spaces(args.env_id, PROCGEN_GAMES)[1], gym.spaces.Box)
+    continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
     return continuous if args.norm_obs is None else args.norm_obs
 
 
-def batch_sizes(args: Args) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) derived from Args."""
-    batch_size = args.num_envs * args.num_steps
-    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
-
-
 # ---------------------------------------------------------------------------------- environment
-class ProcgenVecEnv(gym.vector.VectorEnv):
-    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions.
-
-    Procgen resets a finished level inside `step`, so the observation returned with done=True is
-    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
-    """
-
-    metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
-
-    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
-        from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
-
-        self.venv = ProcgenEnv(
-            num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
-            distribution_mode=distribution_mode, rand_seed=seed,
-        )
-        self.num_envs, self.render_mode = num_envs, render_mode
-        self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
-        self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
-
-    def reset(self, *, seed=None, options=None):
-        return self.venv.reset()["rgb"], {}
-
-    def step(self, actions):
-        obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
-        return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
-
-    def render(self):
-        """The 64x64 frames the agent sees, one per env (for video)."""
-        return list(self.venv.env.observe()[1]["rgb"])
-
-    def close(self):
-        self.venv.close()
-
-
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
-    if args.env_id in PROCGEN_GAMES:
-        envs = ProcgenVecEnv(
-            args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode, args.seed,
-            render_mode,
-        )
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
     else:
-        # --norm-obs normalizes each env's observations inside the autoreset, so that info["final_obs"] is normalized
-        # too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10;
-        # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
-        clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
-                       observation_space=None)
-        envs = gym.make_vec(
-            args.env_id, num_envs=args.num_envs, vectorization_mode="sync", render_mode=render_mode,
-            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-            wrappers=[gym.wrappers.NormalizeObservation, clip] if norm_obs(args) else None,
-        )
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, norm_obs(args), render_mode)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
     if args.norm_reward:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
@@ -451,7 +392,7 @@ def train(args: Args) -> dict:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
     args, envs, device, writer = run.args, run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = batch_sizes(args)
+    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
@@ -474,8 +415,8 @@ def train(args: Args) -> dict:
         lr=args.learning_rate, eps=args.adam_eps,
     )
 
-    # rollout storage; observations keep the env's dtype (uint8 for Procgen: 4x smaller than float)
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
+    # rollout storage
+    obs_dtype = harness.obs_dtype(envs)
     obs_shape = envs.single_observation_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
     action_shape, action_dtype = envs.single_action_space.shape, torch.float32 if agent.continuous else torch.long
@@ -487,9 +428,9 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    global_step, first_iteration, next_obs, next_done = run.restore(  # what a checkpoint holds, with --resume
-        num_iterations, batch_size, {"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
-        {"optimizer": optimizer}, {}, next_obs, next_done)
+    saved = harness.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
+                          optimizers={"optimizer": optimizer})
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
 
     for iteration in range(first_iteration, num_iterations + 1):
@@ -625,34 +566,20 @@ def check_args(args: Args, observation_space, action_space) -> None:
     harness.check_memory(batch_size * sample_bytes, args.cuda, "The rollout buffers", "--num-envs or --num-steps")
 
 
-def describe(args: Args, world_size: int, checkpoint) -> str:
-    """The start-up block's line on the run's size."""
-    batch_size, _, num_iterations = batch_sizes(args)
-    return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of {batch_size:,} "
-            f"({harness.plural(args.num_envs, 'env')} x {args.num_steps} steps)")
-
-
 def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's acting network (V-MPO: the target network) as obs -> sampled env actions."""
     agent = Agent(envs, args.popart_beta, args.min_std).to(device)
     agent.load_state_dict(models["target_agent"])
-    obs_dtype = torch.from_numpy(np.zeros(0, envs.single_observation_space.dtype)).dtype
 
-    @torch.no_grad()
-    def act(obs):
-        pi = agent.get_pi(torch.as_tensor(obs, dtype=obs_dtype, device=device))
-        if agent.continuous:
-            space = envs.single_action_space
-            return np.clip(torch.distributions.Normal(*pi).sample().cpu().numpy(), space.low, space.high)
-        return torch.distributions.Categorical(logits=pi).sample().cpu().numpy()
-    return act
+    def sample(obs):
+        pi = agent.get_pi(obs)
+        return torch.distributions.Normal(*pi).sample() if agent.continuous else \
+            torch.distributions.Categorical(logits=pi).sample()
+    return harness.actor(sample, envs, device)
 
 
-
-SCRIPT = harness.Script(
-    __file__, __doc__, Args, FLAG_RANGES, check_args, make_env, acting_policy, describe,
-    procgen_games=PROCGEN_GAMES, actions="any",
-)
+SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
+                        flag_ranges=FLAG_RANGES, check_args=check_args, procgen=True, actions="any")
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

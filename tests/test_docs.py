@@ -128,7 +128,7 @@ def cpu_recipes(text, script):
 
     commands = [c for c in harness.recipes(text) if c.split()[1] == f"{script}.py" and "--total-timesteps" in c]
     return [c for c in commands if (env := dict(zip(c.split(), c.split()[1:])).get("--env-id"))
-            and env not in getattr(__import__(script), "PROCGEN_GAMES", ()) + ("GAME",)]
+            and env not in harness.PROCGEN_GAMES + ("GAME",)]
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -385,7 +385,7 @@ def test_an_unknown_env_id_is_refused_with_the_closest_name(tmp_path, monkeypatc
     with pytest.raises(SystemExit, match=r"; did you mean HalfCheetah-v5\?$"):
         harness.env_spaces("Halfcheetah-v5")
     with pytest.raises(SystemExit, match=r"registered Gymnasium env\.$"):  # nothing close: no guess
-        harness.env_spaces("xyzzy", ppo_ewma.PROCGEN_GAMES)
+        harness.env_spaces("xyzzy", harness.PROCGEN_GAMES)
     assert not os.path.exists("runs")
 
 

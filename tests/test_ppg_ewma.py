@@ -390,8 +390,9 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     aux_optimizer.step()  # only the auxiliary Adam has state
     models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
     optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
-    checkpoint = harness.make_checkpoint(args, models, optimizers, envs, 128, 2, 6, [], torch.zeros(4, 4),
-                                          torch.zeros(4), {}, ewma_weight=1.9)
+    checkpoint = harness.make_checkpoint(args, harness.Saved(models, optimizers), envs, torch.zeros(4, 4),
+                                         torch.zeros(4), global_step=128, iteration=2, num_iterations=6,
+                                         episode_returns=[], ewma_weight=1.9)
     harness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
     loaded = harness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppg_ewma.SCRIPT)
 
@@ -401,7 +402,7 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     params = [*fresh["policy"].parameters(), *fresh["value_net"].parameters()]
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
-    harness.restore_run(loaded, fresh, fresh_optimizers, envs, [], torch.ones(4, 4), torch.ones(4))
+    harness.restore_run(loaded, harness.Saved(fresh, fresh_optimizers), envs, torch.ones(4, 4), torch.ones(4))
     assert torch.equal(fresh["policy"].get_logits(obs), policy.get_logits(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
     assert torch.equal(fresh["ewma_policy"].get_logits(obs), ewma_policy.get_logits(obs))
@@ -486,7 +487,7 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
 
 def test_noise_scale_estimates_by_hand():
     # as in ppo_ewma.py: |G|^2 = (8 * 4 - 2 * 10) / 6 = 2, tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 16
-    assert ppg_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
+    assert harness.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
 
 
 def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):

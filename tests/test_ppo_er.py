@@ -304,8 +304,9 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     (agent.get_policy(obs)[0].sum() + agent.get_value(obs).sum()).backward()
     optimizer.step()
     replay = [{"advantages": torch.arange(6.0).reshape(3, 2)}]
-    checkpoint = harness.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 128, 1, 4, [-900.0],
-                                        torch.zeros(2, 3), torch.zeros(2), replay=replay)
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
+    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 3), torch.zeros(2), global_step=128,
+                                         iteration=1, num_iterations=4, episode_returns=[-900.0], replay=replay)
     path = str(tmp_path / "checkpoint.pt")
     harness.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed

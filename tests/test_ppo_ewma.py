@@ -188,7 +188,7 @@ def test_every_divisor_of_the_paper_sweep_is_accepted():
         assert args.num_envs == 256 // c
         # check_args takes the command line's flags; c = 256: one env, 8 minibatches of 32 timesteps
         harness.check_args(Args(batch_divisor=c), ppo_ewma.SCRIPT)
-        assert ppo_ewma.batch_sizes(args)[1] == 256 * 256 // c // 8
+        assert harness.batch_sizes(args)[1] == 256 * 256 // c // 8
 
 
 def test_every_numeric_flag_has_a_range():
@@ -325,13 +325,13 @@ def test_training_loop_does_only_the_forward_passes_it_needs(tmp_path, monkeypat
     assert sum(rows) == 16 + 2 + 48 + (48 if ewma else 0)
 
 
-def test_pi_in_chunks_gives_the_same_numbers_as_one_pass():
+def test_in_chunks_gives_the_same_numbers_as_one_pass():
     torch.manual_seed(0)
     envs = type("Spaces", (), {"single_observation_space": ppo_ewma.gym.spaces.Box(0, 255, (64, 64, 3), "uint8"),
                                "single_action_space": ppo_ewma.gym.spaces.Discrete(15)})()
     agent = ppo_ewma.Agent(envs)
     obs = torch.randint(0, 256, (10, 64, 64, 3), dtype=torch.uint8)
-    chunked = ppo_ewma.pi_in_chunks(agent, obs, chunk_size=4)  # chunks of 4, 4 and 2 rows
+    chunked = harness.in_chunks(agent.get_pi, obs, chunk_size=4)  # chunks of 4, 4 and 2 rows
     torch.testing.assert_close(chunked, agent.get_pi(obs), rtol=0, atol=1e-6)
     assert not chunked.requires_grad
 
@@ -507,9 +507,10 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     reward_normalizer, adv_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     reward_normalizer(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
     adv_moments.update(torch.tensor([1.0, 3.0]))
-    checkpoint = harness.make_checkpoint(
-        args, {"agent": agent, "ewma_agent": ewma_agent}, {"optimizer": optimizer}, envs, 64, 1, 4, [],
-        torch.zeros(2, 4), torch.zeros(2), {"reward": reward_normalizer, "advantages": adv_moments}, ewma_weight=2.5)
+    saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
+                          normalizers={"reward": reward_normalizer, "advantages": adv_moments})
+    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
+                                         iteration=1, num_iterations=4, episode_returns=[], ewma_weight=2.5)
     path = str(tmp_path / "checkpoint.pt")
     harness.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]
@@ -520,8 +521,9 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     assert not torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
-    harness.restore_run(loaded, {"agent": fresh, "ewma_agent": fresh_ewma}, {"optimizer": fresh_optimizer}, envs,
-                         [], torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer, "advantages": fresh_moments})
+    fresh_saved = harness.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma}, optimizers={"optimizer": fresh_optimizer},
+                                normalizers={"reward": fresh_normalizer, "advantages": fresh_moments})
+    harness.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2))
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
     assert loaded["ewma_weight"] == 2.5
@@ -797,7 +799,7 @@ def test_decoupled_clip_loss_stays_finite_where_r_alone_would_overflow():
 def test_noise_scale_estimates_by_hand():
     # |G_small|^2 = 10 at B_small = 2, |G_big|^2 = 4 at B_big = 8:
     # |G|^2 = (8 * 4 - 2 * 10) / (8 - 2) = 12 / 6 = 2; tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 6 / 0.375 = 16; B = 8
-    assert ppo_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
+    assert harness.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
 
 
 def test_noise_scale_recovers_b_simple_of_a_linear_regression():
@@ -809,7 +811,7 @@ def test_noise_scale_recovers_b_simple_of_a_linear_regression():
     d, minibatch, num_minibatches = 10, 8, 8
     model = torch.nn.Module()
     model.w = w = torch.nn.Parameter(torch.zeros(d))
-    delta, noise_scale = torch.zeros(d), ppo_ewma.GradientNoiseScale(decay=1.0)  # decay 1: a plain average
+    delta, noise_scale = torch.zeros(d), harness.GradientNoiseScale(decay=1.0)  # decay 1: a plain average
     delta[0] = 1.0
     for _ in range(1000):  # iterations of one epoch each
         for _ in range(num_minibatches):

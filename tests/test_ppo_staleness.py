@@ -290,15 +290,16 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
     reward_normalizer = ppo_staleness.RewardNormalizer(2, 0.99)
     reward_normalizer(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2))
-    checkpoint = harness.make_checkpoint(args, {"agent": agent}, {"optimizer": optimizer}, envs, 64, 3, 6, [],
-                                               torch.zeros(2, 4), torch.zeros(2), {"reward": reward_normalizer},
-                                               queued=2, trained_steps=64)
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+                          normalizers={"reward": reward_normalizer})
+    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
+                                         iteration=3, num_iterations=6, episode_returns=[], queued=2, trained_steps=64)
     harness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
     loaded = harness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppo_staleness.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_normalizer = ppo_staleness.Agent(envs), ppo_staleness.RewardNormalizer(2, 0.99)
-    harness.restore_run(loaded, {"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())}, envs, [],
-                              torch.ones(2, 4), torch.ones(2), {"reward": fresh_normalizer})
+    harness.restore_run(loaded, harness.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())},
+                                              {"reward": fresh_normalizer}), envs, torch.ones(2, 4), torch.ones(2))
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
     assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
     # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]

@@ -306,7 +306,7 @@ def test_ppg_aux_minibatch_is_split_over_the_workers(tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     args = ppg_ewma.Args(**CONFIGS["ppg_ewma"])
     # 64 samples per aux minibatch in total: 32 from each worker's own phase buffer (one trajectory of 32 steps)
-    assert ppg_ewma.worker_share(args, 1, 2).aux_minibatch_size == 32
+    assert ppg_ewma.SCRIPT.worker_share(args, 1, 2).aux_minibatch_size == 32
     # 3 samples divide the phase of 3 x 8 x 32 = 768 (one process is fine) but not the 2 workers
     with pytest.raises(SystemExit, match=r"^--aux-minibatch-size 3 is the total over all workers, so it must be a "
                                          r"multiple of the 2 torchrun workers\.$"):
@@ -321,7 +321,7 @@ def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     monkeypatch.setenv("WORLD_SIZE", "1")  # without torchrun's LOCAL_RANK: one process, no group
     assert harness.start_workers(args, module.SCRIPT) == (0, 1) and not dist.is_initialized()
     # worker r gets 4 envs and seed 1 + 4 r; Gymnasium seeds env i with seed + i: envs 1-4 and 5-8, as one process
-    shares = [module.worker_share(args, rank, 2) for rank in (0, 1)]
+    shares = [module.SCRIPT.worker_share(args, rank, 2) for rank in (0, 1)]
     assert [(share.num_envs, share.seed) for share in shares] == [(4, 1), (4, 5)]
     one_process = module.make_env(args).reset(seed=args.seed)[0]
     workers = np.concatenate([module.make_env(share).reset(seed=share.seed)[0] for share in shares])

@@ -328,8 +328,9 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     agent.get_pi(torch.ones(3, 4)).sum().add(eta).backward()
     optimizer.step()  # Adam now has moments and a step count
     next_obs, next_done = torch.zeros(2, 4), torch.zeros(2)
-    checkpoint = harness.make_checkpoint(args, {"agent": agent, "multipliers": multipliers}, {"optimizer": optimizer},
-                                      envs, 64, 1, 4, [10.0, 12.0], next_obs, next_done)
+    saved = harness.Saved(models={"agent": agent, "multipliers": multipliers}, optimizers={"optimizer": optimizer})
+    checkpoint = harness.make_checkpoint(args, saved, envs, next_obs, next_done, global_step=64, iteration=1,
+                                         num_iterations=4, episode_returns=[10.0, 12.0])
     path = str(tmp_path / "checkpoint.pt")
     harness.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
@@ -397,7 +398,7 @@ def test_observation_and_reward_statistics_round_trip_and_freeze():
     envs.reset(seed=0)
     for _ in range(50):
         envs.step(np.full((2, 1), 0.5, np.float32))
-    saved = harness.make_checkpoint(args, {}, {}, envs, 100, 1, 4, [], None, None)["normalizers"]
+    saved = harness.make_checkpoint(args, harness.Saved({}, {}), envs, None, None)["normalizers"]
     assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
     fresh = vmpo.make_env(args)
     harness.load_normalizers(fresh, saved, freeze=True)
