@@ -15,7 +15,7 @@ L = 1 is PPO, on the same code path.
 import math
 from collections import defaultdict, deque
 from dataclasses import dataclass
-from typing import Optional
+from typing import Annotated, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -56,7 +56,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """anneal step size and clip factor with alpha going linearly from 1 to 0 over training (Sec. V)"""
     gamma: float = 0.99
     """discount gamma"""
-    norm_obs: bool = True
+    norm_obs: Annotated[bool, tyro.conf.FlagConversionOff] = True
     """normalize each env's observations by running statistics, then clip them to +-10 (as ppo_ewma.py; the paper
     does not say)"""
     norm_reward: bool = True
