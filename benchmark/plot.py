@@ -3,11 +3,20 @@
 Runs are grouped into variants by a regular expression over their directory names
 (`{env_id}__{exp_name}__{seed}__{time}`); its first group names the variant (default: the exp_name, and the
 env id too when the runs hold several envs). For every variant it draws the mean over seeds of the episodic
-return against environment steps, with a band of +-1 std over seeds, and prints a Markdown table of the final
-return: each seed's mean over the last `--window` fraction of its steps, then mean +- std over seeds.
-`--label REGEX=TEXT` names a variant in the legend; a caption under the plot says what a curve is. A variant
-holds one run per seed and one env id: a pattern that would average CartPole with starpilot, or count a seed
-twice, is refused; runs of different lengths in one variant are drawn with a warning.
+return against environment steps, over a thin line per seed, and prints a Markdown table of the final return:
+each seed's mean over the last `--window` fraction of its steps, then over seeds the mean with its 95% t
+interval, `mean [low, high]`, and the sample std (ddof 1). `--label REGEX=TEXT` names a variant in the legend;
+a caption under the plot says what a curve is. A variant holds one run per seed and one env id: a pattern that
+would average CartPole with starpilot, or count a seed twice, is refused; runs of different lengths in one
+variant are drawn with a warning.
+
+The seeds of a variant are its sample; the statistics are scipy.stats's. `--compare A=B`, or `--baseline B`
+(every variant of B's env against B), prints mean(A) - mean(B) with its 95% Welch interval and P(A > B), the
+chance that a seed of A beats a seed of B (ties count half). `--margin 0.15` adds a verdict: A is non-inferior
+to B when the lower end of the difference's two-sided 90% Welch interval lies above -0.15 |mean(B)|.
+`--normalize ENV=RANDOM,REFERENCE` scores x on ENV as (x - RANDOM) / (REFERENCE - RANDOM) and prints, per name
+(a variant less its `ENV__` prefix), the interquartile mean (IQM) of its seeds' normalized scores over those
+envs, with a 95% stratified bootstrap interval.
 
 `--divisor-regex` turns on the Fig. 3 measure of the paper: variants whose names differ only in the
 batch divisor c form a family, and the table gives each family's final return at the largest batch
@@ -28,6 +37,7 @@ import warnings
 from collections import defaultdict
 
 import numpy as np
+from scipy import stats
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
@@ -150,20 +160,81 @@ def summarize(groups, tag, window, per=None):
     return {name: np.array([final(d) for d in dirs]) for name, dirs in groups.items()}
 
 
-def number(x):
-    """One decimal for returns, three significant digits for small quantities such as KLs."""
-    return f"{x:.1f}" if abs(x) >= 10 else f"{x:.3g}"
+def number(x, size=None):
+    """One decimal for returns, three significant digits for small quantities such as KLs; `size`, where given,
+    decides instead of abs(x), so that numbers printed together get the same format."""
+    return f"{x:.1f}" if abs(x if size is None else size) >= 10 else f"{x:.3g}"
 
 
-def mean_std(x):
-    return f"{number(np.mean(x))} +- {number(np.std(x))}" if len(x) > 1 else number(np.mean(x))
+def with_interval(estimate, low, high):
+    """`estimate [low, high]`; the estimate alone where there is no interval (one seed)."""
+    if np.isnan(low):
+        return number(estimate)
+    size = max(abs(estimate), abs(low), abs(high))
+    return f"{number(estimate, size)} [{number(low, size)}, {number(high, size)}]"
+
+
+def quiet(function):
+    """scipy's result without its warnings for seeds that are all equal (exact) or a single seed (nan)."""
+    def wrapped(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return function(*args, **kwargs)
+    return wrapped
+
+
+@quiet
+def t_interval(x, confidence=0.95):
+    """Student's t interval for the mean of the seeds' scores x: [n]; (nan, nan) for one seed.
+    Not a bootstrap: at n = 3 a 95% percentile bootstrap over seeds is a third as wide and, on normal scores, holds
+    the true mean 2 times in 3; t's quantile (4.30 for n = 3, 2.26 for n = 10) pays for estimating the std from n."""
+    return tuple(stats.ttest_1samp(x, 0.0).confidence_interval(confidence))
+
+
+@quiet
+def welch(x, y, confidence=0.95):
+    """mean(x) - mean(y), its Welch t interval (no equal-variance assumption) and Welch's degrees of freedom."""
+    result = stats.ttest_ind(x, y, equal_var=False)
+    low, high = result.confidence_interval(confidence)
+    return np.mean(x) - np.mean(y), low, high, result.df if min(len(x), len(y)) > 1 else np.nan
+
+
+def improvement_probability(x, y):
+    """P(X > Y) of a random seed of x against one of y, ties counting half: the Mann-Whitney U of x over n m."""
+    return stats.mannwhitneyu(x, y).statistic / (len(x) * len(y))
+
+
+def non_inferiority(x, baseline, margin):
+    """(low, high, bound, passed): x is no worse than baseline by more than margin x |mean(baseline)| when the lower
+    end of the difference's two-sided 90% Welch interval (a one-sided test at 5%) lies above bound = -that."""
+    _, low, high, _ = welch(x, baseline, confidence=0.90)
+    bound = -margin * abs(np.mean(baseline))
+    return low, high, bound, bool(low > bound)
+
+
+def iqm(*scores, axis=-1):
+    """Interquartile mean of the scores of all the arrays together: int(n / 4) cut from each end, the rest averaged."""
+    return stats.trim_mean(np.concatenate(scores, axis=axis), 0.25, axis=axis)
+
+
+def stratified_bootstrap(scores, statistic, confidence=0.95, resamples=20000, seed=0):
+    """Percentile interval of statistic(*scores) where each array (an env's seeds) is resampled on its own, so that
+    every resample keeps each env's seed count (Agarwal et al. 2021's stratified bootstrap); fixed seed."""
+    result = stats.bootstrap(tuple(scores), statistic, n_resamples=resamples, method="percentile",
+                             confidence_level=confidence, rng=seed)
+    return tuple(result.confidence_interval)
+
+
+def mean_interval(x):
+    return with_interval(np.mean(x), *t_interval(x))
 
 
 def final_table(finals, window, tag="charts/episodic_return"):
     quantity = "return" if tag == "charts/episodic_return" else tag
-    lines = [f"| variant | seeds | {quantity}, last {window:.0%} of steps: mean +- std over seeds |",
-             "|---|---:|---:|"]
-    lines += [f"| {name} | {len(x)} | {mean_std(x)} |" for name, x in finals.items()]
+    lines = [f"| variant | seeds | {quantity}, last {window:.0%} of steps: mean [95% t interval] over seeds | "
+             "sample std (ddof 1) |", "|---|---:|---:|---:|"]
+    lines += [f"| {name} | {len(x)} | {mean_interval(x)} | {number(np.std(x, ddof=1)) if len(x) > 1 else ''} |"
+              for name, x in finals.items()]
     return "\n".join(lines)
 
 
@@ -197,27 +268,93 @@ def pivot_table(finals, pivot_regex):
     cols.sort(key=natural_key)
     lines = ["| | " + " | ".join(cols) + " |", "|---|" + "---:|" * len(cols)]
     for row in rows:
-        row_cells = [mean_std(cells[row, col]) if (row, col) in cells else "" for col in cols]
+        row_cells = [mean_interval(cells[row, col]) if (row, col) in cells else "" for col in cols]
         lines.append(f"| {row} | " + " | ".join(row_cells) + " |")
     return "\n".join(lines)
 
 
 def invariance_table(finals, divisor_regex):
     """Fig. 3: per family, final return at the smallest c (largest batch) minus the one at the largest c,
-    with the standard error of that difference of two means over seeds."""
+    with the 95% Welch interval of that difference of two means over seeds."""
     families = defaultdict(dict)
     for name, x in finals.items():
         match = re.search(divisor_regex, name)
         if match:
             families[name[:match.start()] + name[match.end():]][int(match.group(1))] = x
-    lines = ["| family | c range | return at largest batch | at smallest batch | difference +- s.e. |",
+    lines = ["| family | c range | return at largest batch | at smallest batch | difference [95% Welch interval] |",
              "|---|---|---:|---:|---:|"]
     for family, by_c in families.items():
         large, small = by_c[min(by_c)], by_c[max(by_c)]
-        stderr = (np.sqrt(sum(np.var(x, ddof=1) / len(x) for x in (large, small)))
-                  if min(len(large), len(small)) > 1 else np.nan)
         lines.append(f"| {family} | {min(by_c)}-{max(by_c)} | {np.mean(large):.1f} | {np.mean(small):.1f} | "
-                     f"{np.mean(large) - np.mean(small):.1f} +- {stderr:.1f} |")
+                     f"{with_interval(*welch(large, small)[:3])} |")
+    return "\n".join(lines)
+
+
+def comparison_pairs(envs, compare, baseline):
+    """[(A, B)] from --compare A=B rules and --baseline B: every other variant of an env against B's variant of that
+    env, where B names it either alone or as ENV__B (the default --group over several envs); envs: {variant: env}."""
+    pairs = [tuple(rule.split("=", 1)) for rule in compare]
+    base = {env: name for name, env in envs.items() if name in (baseline, f"{env}__{baseline}")} if baseline else {}
+    pairs += [(name, base[env]) for name, env in envs.items() if env in base and name != base[env]]
+    unknown = sorted({name for pair in pairs for name in pair} - set(envs))
+    unknown += [baseline] if baseline and not base else []
+    if unknown or any(len(pair) != 2 for pair in pairs):
+        raise SystemExit(f"--compare A=B and --baseline take variant names: {', '.join(unknown) or 'A=B'} is none of "
+                         f"{', '.join(envs)}.")
+    return pairs
+
+
+def comparison_table(finals, pairs, margin=None):
+    """Per pair (A, B): mean(A) - mean(B) with its 95% Welch interval, Welch's degrees of freedom and P(A > B); with a
+    margin, A's non-inferiority to B."""
+    head, rule = "| A - B | difference of means [95% Welch interval] | Welch df | P(A > B) |", "|---|---:|---:|---:|"
+    if margin is not None:
+        head += f" difference [90% interval] | margin: -{margin:.0%} of B's mean | A non-inferior to B |"
+        rule += "---:|---:|---|"
+    lines = [head, rule]
+    for a, b in pairs:
+        difference, low, high, df = welch(finals[a], finals[b])
+        line = (f"| {a} - {b} | {with_interval(difference, low, high)} | {df:.1f} | "
+                f"{improvement_probability(finals[a], finals[b]):.2f} |")
+        if margin is not None:
+            low, high, bound, passed = non_inferiority(finals[a], finals[b], margin)
+            line += f" {with_interval(difference, low, high)} | {number(bound)} | {'yes' if passed else 'not shown'} |"
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def parse_normalize(rules):
+    """["ENV=RANDOM,REFERENCE", ...] -> {env: (random, reference)}."""
+    scores = {}
+    for rule in rules:
+        env, _, pair = rule.partition("=")
+        try:
+            random, reference = map(float, pair.split(","))
+        except ValueError:
+            raise SystemExit(f"--normalize {rule!r} is not ENV=RANDOM,REFERENCE.") from None
+        scores[env] = random, reference
+    return scores
+
+
+def normalize(x, random, reference):
+    """0 at random play, 1 at the reference score."""
+    return (np.asarray(x) - random) / (reference - random)
+
+
+def aggregate_table(finals, envs, normalizers):
+    """Per name (a variant less its ENV__ prefix), over the envs that --normalize gives: the IQM of all the seeds'
+    normalized final scores, with its 95% stratified bootstrap interval (it needs 2 seeds in every env)."""
+    pooled = defaultdict(dict)
+    for name, x in finals.items():
+        if envs[name] in normalizers:
+            pooled[name.removeprefix(envs[name] + "__")][envs[name]] = normalize(x, *normalizers[envs[name]])
+    lines = ["| name | envs | seeds | IQM of normalized final scores [95% stratified bootstrap interval] |",
+             "|---|---|---:|---:|"]
+    for name, by_env in pooled.items():
+        scores = list(by_env.values())
+        low, high = stratified_bootstrap(scores, iqm) if min(map(len, scores)) > 1 else (np.nan, np.nan)
+        lines.append(f"| {name} | {', '.join(by_env)} | {sum(map(len, scores))} | "
+                     f"{with_interval(iqm(*scores), low, high)} |")
     return "\n".join(lines)
 
 
@@ -231,10 +368,10 @@ def caption(tag, width, seeds, threshold):
             "eval/mean_return": "evaluation returns (each the mean of --eval-episodes episodes at a mark)"}.get(
         tag, f"values of {tag}")
     if set(seeds) == {1}:
-        seeds_text = "one seed (no band)"
+        seeds_text = "one seed"
     else:
         seeds_text = f"{seeds[0]} seeds" if len(set(seeds)) == 1 else "seeds (count in the legend)"
-        seeds_text += "; band: ±1 std over seeds"
+        seeds_text += "; thin lines: each seed"
     lines = [f"Curve: {what} binned by {width:,.0f} env steps, mean over {seeds_text}."]
     if threshold is not None:
         lines.append(f"Dotted line: {threshold:g}. Ticks: where each seed's 100-episode running mean first reaches "
@@ -262,13 +399,14 @@ def plot(groups, tag, out, title, labels=(), threshold=None, num_bins=40):
         per_seed = np.array([binned_curve(steps, values, edges) for steps, values in runs])
         with warnings.catch_warnings():  # a bin with no episode in any seed stays nan: a gap in the line
             warnings.simplefilter("ignore", RuntimeWarning)
-            mean, std = np.nanmean(per_seed, axis=0), np.nanstd(per_seed, axis=0)
+            mean = np.nanmean(per_seed, axis=0)
         count = f" ({len(runs)} seed{'s' if len(runs) > 1 else ''})" if len(set(seeds)) > 1 else ""
         label = legend_label(name, labels) + count
         # curves that end at the same value (500 on CartPole) stay apart: own dash pattern, markers on other bins
         line, = ax.plot(centres, mean, label=label, linestyle=LINE_STYLES[i % len(LINE_STYLES)],
-                        marker=MARKERS[i % len(MARKERS)], markersize=4, markevery=(i % 4, 4))
-        ax.fill_between(centres, mean - std, mean + std, alpha=0.15, color=line.get_color())
+                        marker=MARKERS[i % len(MARKERS)], markersize=4, markevery=(i % 4, 4), zorder=3)
+        if len(runs) > 1:
+            ax.plot(centres, per_seed.T, color=line.get_color(), linewidth=0.6, alpha=0.4, zorder=2)
         if threshold is not None:
             firsts = [first_step_reaching(steps, values, threshold) for steps, values in runs]
             firsts = [f for f in firsts if f is not None]
@@ -318,6 +456,15 @@ def main(argv=None):
     parser.add_argument("--label", action="append", default=[], metavar="REGEX=TEXT",
                         help="legend text of the variants whose name REGEX matches (repeatable; the first match wins; "
                         "TEXT may use REGEX's groups as \\1)")
+    parser.add_argument("--compare", action="append", default=[], metavar="A=B", help="print mean(A) - mean(B) with "
+                        "its 95%% Welch interval and P(A > B) (repeatable; A, B: variant names)")
+    parser.add_argument("--baseline", metavar="B", help="compare every other variant of B's env against B (B: a "
+                        "variant's name, or its name less the ENV__ prefix)")
+    parser.add_argument("--margin", type=float, metavar="FRACTION", help="with --compare or --baseline: is A "
+                        "non-inferior to B, the lower end of the 90%% interval above -FRACTION x |mean(B)|?")
+    parser.add_argument("--normalize", action="append", default=[], metavar="ENV=RANDOM,REFERENCE",
+                        help="score 0 at RANDOM, 1 at REFERENCE on ENV (repeatable); print the IQM over these envs "
+                        "with its 95%% stratified bootstrap interval")
     args = parser.parse_args(argv)
     labels = parse_labels(args.label)
     run_dirs = glob.glob(os.path.join(args.runs, "*", ""))
@@ -332,16 +479,17 @@ def main(argv=None):
     finals = {name: finals[name] for name in groups}
     if not groups:
         raise SystemExit(f"no run under {args.runs} logged {args.tag}")
-    print(final_table(finals, args.window, f"{args.tag} / {args.per}" if args.per else args.tag))
-    if args.pivot:
-        print()
-        print(pivot_table(finals, args.pivot))
-    if args.threshold is not None:
-        print()
-        print(threshold_table(groups, args.tag, args.threshold))
-    if args.divisor_regex:
-        print()
-        print(invariance_table(finals, args.divisor_regex))
+    envs = {name: name_parts(dirs[0])[0] for name, dirs in groups.items()}
+    pairs = comparison_pairs(envs, args.compare, args.baseline)
+    if args.margin is not None and not pairs:
+        raise SystemExit("--margin judges comparisons: give --compare A=B or --baseline B.")
+    tables = [final_table(finals, args.window, f"{args.tag} / {args.per}" if args.per else args.tag)]
+    tables += [pivot_table(finals, args.pivot)] if args.pivot else []
+    tables += [threshold_table(groups, args.tag, args.threshold)] if args.threshold is not None else []
+    tables += [invariance_table(finals, args.divisor_regex)] if args.divisor_regex else []
+    tables += [comparison_table(finals, pairs, args.margin)] if pairs else []
+    tables += [aggregate_table(finals, envs, parse_normalize(args.normalize))] if args.normalize else []
+    print("\n\n".join(tables))
     if args.out:
         plot(groups, args.tag, args.out, args.title, labels, args.threshold, args.bins)
 
