@@ -1,5 +1,6 @@
-"""benchmark/plot.py on event files the test writes (two variants, two seeds, three points each), and its statistics
-on small worked examples."""
+"""benchmark/plot.py on event files the test writes (two variants, two seeds, three points each), its statistics on
+small worked examples, and the committed .csv.gz run data."""
+import gzip
 import os
 import sys
 
@@ -258,3 +259,65 @@ def test_comparisons_and_the_aggregate_in_the_printed_tables(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--margin judges comparisons"):
         plot.main([str(tmp_path), "--margin", "0.15"])
 
+
+def test_downsampling_averages_consecutive_episodes():
+    # 7 episodes, at most 3 points: k = ceil(7 / 3) = 3; blocks (1, 2, 3), (4, 5, 6), (7) at their last steps
+    steps, values = plot.downsample(np.arange(10.0, 80.0, 10.0), np.arange(1.0, 8.0), max_points=3)
+    assert steps.tolist() == [30.0, 60.0, 70.0] and values.tolist() == [2.0, 5.0, 7.0]
+
+
+def test_a_long_run_is_exported_as_means_of_consecutive_episodes(tmp_path):
+    # 5,001 episodes, returns 0, 0.1, ..., 500 at steps 10, 20, ..., 50,010: k = ceil(5001 / 5000) = 2, so 2,501
+    # points: mean(0, 0.1) = 0.05 at step 20, mean(0.2, 0.3) = 0.25 at step 40, ..., and 500 alone at step 50,010
+    run = str(tmp_path / "runs" / "Hopper-v5__ppo__1__0")
+    writer = SummaryWriter(run)
+    for i in range(5001):
+        writer.add_scalar("charts/episodic_return", 0.1 * i, 10 * (i + 1))
+    for step in (25_000, 50_010):
+        writer.add_scalar("charts/SPS", 1234.5678, step)  # not a float32 number: the event file holds 1234.5677...
+    writer.close()
+    table = str(tmp_path / "long.csv.gz")
+    plot.main([str(tmp_path / "runs"), "--export", table])
+    steps, values = plot.read_scalars(os.path.join(table, "Hopper-v5__ppo__1__0"), "charts/episodic_return")
+    assert len(steps) == 2501 and steps[:2].tolist() == [20, 40] and steps[-1] == 50_010
+    assert values[:2] == pytest.approx([0.05, 0.25]) and values[-1] == pytest.approx(500.0)
+    # a per-iteration tag is kept whole, and to the bit
+    assert plot.read_scalars(os.path.join(table, "Hopper-v5__ppo__1__0"), "charts/SPS")[1].tolist() == \
+        plot.read_scalars(run, "charts/SPS")[1].tolist() != [1234.5678, 1234.5678]
+
+
+def test_committed_data_gives_the_same_tables_as_the_event_files(runs, capsys):
+    flags = ["--window", "0.5", "--divisor-regex", r"_c(\d+)$", "--compare", "a_c1=a_c4", "--threshold", "20"]
+    plot.main([str(runs)] + flags)
+    from_events = capsys.readouterr().out
+    table = str(runs / "results" / "invariance.csv.gz")  # its folder is made
+    plot.main([str(runs), "--export", table])
+    assert "4 runs" in capsys.readouterr().out
+    with gzip.open(table, "rt") as text:  # long format, sorted; the runs logged no SPS, so it has no rows
+        assert text.read().startswith("env,variant,seed,tag,step,value\n"
+                                      "CartPole-v1,a_c1,1,charts/episodic_return,0,10.0\n"
+                                      "CartPole-v1,a_c1,1,charts/episodic_return,50,20.0\n")
+    plot.main([table] + flags)
+    assert capsys.readouterr().out == from_events
+    legend, _ = plot.plot(plot.group_runs(plot.list_runs(table), plot.EXP_NAME), "charts/episodic_return",
+                          str(runs / "curves.png"), "t")
+    assert legend == ["a_c1", "a_c4"]
+
+
+def test_re_export_is_idempotent_and_replaces_only_its_runs(runs, tmp_path):
+    table = str(tmp_path / "invariance.csv.gz")
+    plot.main([str(runs), "--export", table])
+    first = open(table, "rb").read()
+    plot.main([str(runs), "--export", table])
+    assert open(table, "rb").read() == first  # the same bytes: no diff in git
+    assert first[4:8] == bytes(4)  # the gzip header's time is 0, not the time of the export
+    # a rerun of a_c1's seed 1 elsewhere replaces that run's rows; the other three runs stay as they were
+    write_run(tmp_path / "rerun", "CartPole-v1__a_c1__1__900", [(0, 1), (100, 2)])
+    plot.main([str(tmp_path / "rerun"), "--export", table])
+    rows = plot.read_rows(table)
+    assert [row for row in rows if row[1:3] == ["a_c1", "1"]] == [
+        ["CartPole-v1", "a_c1", "1", "charts/episodic_return", "0", "1.0"],
+        ["CartPole-v1", "a_c1", "1", "charts/episodic_return", "100", "2.0"]]
+    assert len(rows) == 2 + 3 * 3
+    plot.main([str(runs), "--export", table])
+    assert open(table, "rb").read() == first
