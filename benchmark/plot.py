@@ -369,7 +369,8 @@ def normalize(x, random, reference):
 
 def aggregate_table(finals, envs, normalizers):
     """Per name (a variant less its ENV__ prefix), over the envs that --normalize gives: the IQM of all the seeds'
-    normalized final scores, with its 95% stratified bootstrap interval (it needs 2 seeds in every env)."""
+    normalized final scores, with its 95% stratified bootstrap interval (it needs 2 seeds in every env; with 3, read it
+    as too narrow, as t_interval says of a bootstrap over 3 seeds)."""
     pooled = defaultdict(dict)
     for name, x in finals.items():
         if envs[name] in normalizers:
