@@ -35,11 +35,10 @@ import tyro
 
 import harness
 
+
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
-    exp_name: str = "ppo_ewma"
-    """name of this experiment, part of the run directory's name"""
-
+    # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and discrete (CartPole-v1) or continuous
     (Pendulum-v1, HalfCheetah-v5) actions"""
@@ -51,6 +50,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """Procgen's first level seed"""
     total_timesteps: int = 100_000_000
     """total environment steps (the paper: 100M)"""
+
+    # PPO's hyperparameters (Table 1)
     num_envs: int = 256
     """parallel environments N, the total over all torchrun workers (the paper: 4 workers x 64)"""
     num_steps: int = 256
@@ -58,11 +59,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     num_minibatches: int = 8
     """minibatches per epoch M: each holds N/M envs' whole trajectories (official layout), so M divides N,
     or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
-    shuffle_samples: bool = False
-    """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
     update_epochs: int = 3
     """policy epochs E"""
-
     learning_rate: float = 5e-4
     """Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in vmpo.py a KL
     multiplier)"""
@@ -74,62 +72,40 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """Adam beta2"""
     gamma: float = 0.999
     """discount gamma"""
-    norm_reward: bool = True
-    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
-    reward_norm_gamma: float = 0.99
-    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
-    separate from --gamma"""
     gae_lambda: float = 0.95
     """GAE bootstrapping parameter lambda"""
-    objective: Literal["clip", "kl"] = "clip"
-    """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
     clip_coef: float = 0.2
     """clipping parameter epsilon"""
-    kl_coef: float = 1.0
-    """KL penalty beta for --objective kl (not in this paper: 1 is the fixed beta of PPG's KL variant)"""
     ent_coef: Optional[float] = None
     """entropy coefficient; default: 0.01 for discrete actions (the paper), 0 for continuous ones (the PPO paper's
     MuJoCo setting)"""
     vf_coef: float = 0.5
     """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
-    max_grad_norm: Optional[float] = None
-    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
-    max_is_ratio: float = 100.0
-    """cap on the importance weight pi/pi_behav (Appendix B)"""
-    norm_obs: Optional[bool] = None
-    """normalize each env's vector observations by running statistics, then clip them to +-10; default: on for
-    continuous actions (as ppo_er.py and vmpo.py), off for discrete ones (the paper feeds Procgen pixels / 255)"""
+    norm_reward: bool = True
+    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
+    reward_norm_gamma: float = 0.99
+    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
+    separate from --gamma"""
     norm_adv: bool = True
     """normalize advantages with EWMA estimates of their mean and std"""
     adv_norm_span: float = 1.0
     """span of the advantage mean/std EWMA, in iterations (1: this iteration's batch only)"""
 
-    target_kl: Optional[float] = None
-    """skip the iteration's remaining minibatches and epochs from the first minibatch whose k3 estimate of
-    KL[pi_behav || pi], (r - 1) - log r with r = pi/pi_behav, exceeds this before its step (as SB3, whose bound is
-    1.5 x its target_kl; skrl's kl_threshold skips only the rest of that epoch); off by default"""
-    clip_vloss: bool = False
-    """clip the value loss around the rollout's values: max of the plain and the clipped squared error (PPO2
-    baselines, CleanRL; skrl and SB3 instead replace the prediction by the clipped one), clip range --clip-coef"""
-    lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
-    """multiplies the step size (after --batch-divisor's adjustment): constant (the paper); linear to 0 over the
-    run (PPO paper, CleanRL's --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the
-    epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]
-    (torchrun: both KL decisions take the mean over all workers)"""
-    lr_kl_target: float = 0.008
-    """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
-    noise_scale: bool = False
-    """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
-    to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple (off by
-    default: it costs over 2% on the CartPole recipe; docs/ppg_ewma.md has the measurements)"""
-
+    # PPO-EWMA: the decoupled objectives (Sec. 2) with an EWMA as the proximal policy (Appendix A)
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
     ewma_com: Optional[float] = None
     """centre of mass of the proximal-policy EWMA in gradient steps, 1/(1-beta_prox) - 1; default: 8 for discrete
     actions (the paper: beta_prox 0.889), three iterations' update-epochs x num-minibatches for continuous ones
     (docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age)"""
+    objective: Literal["clip", "kl"] = "clip"
+    """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
+    kl_coef: float = 1.0
+    """KL penalty beta for --objective kl (not in this paper: 1 is the fixed beta of PPG's KL variant)"""
+    max_is_ratio: float = 100.0
+    """cap on the importance weight pi/pi_behav (Appendix B)"""
 
+    # batch size-invariance (Sec. 4)
     batch_divisor: int = 1
     """c: divide num_envs by c and adjust the hyperparameters below for batch size-invariance (Sec. 4)"""
     adjust_lr: bool = True
@@ -143,16 +119,59 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     adjust_adam_betas: bool = False
     """with --batch-divisor: raise Adam's beta1 and beta2 to the power 1/c (Appendix D)"""
 
+    # options beyond the paper, off by default
+    exp_name: str = "ppo_ewma"
+    """name of this experiment, part of the run directory's name"""
+    shuffle_samples: bool = False
+    """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
+    norm_obs: Optional[bool] = None
+    """normalize each env's vector observations by running statistics, then clip them to +-10; default: on for
+    continuous actions (as ppo_er.py and vmpo.py), off for discrete ones (the paper feeds Procgen pixels / 255)"""
+    max_grad_norm: Optional[float] = None
+    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
+    target_kl: Optional[float] = None
+    """skip the iteration's remaining minibatches and epochs from the first minibatch whose k3 estimate of
+    KL[pi_behav || pi], (r - 1) - log r with r = pi/pi_behav, exceeds this before its step (as SB3); off by default"""
+    clip_vloss: bool = False
+    """clip the value loss around the rollout's values: max of the plain and the clipped squared error (PPO2
+    baselines, CleanRL), clip range --clip-coef"""
+    lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
+    """multiplies the step size (after --batch-divisor's adjustment): constant (the paper); linear to 0 over the
+    run (PPO paper, CleanRL's --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the
+    epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]
+    (torchrun: both KL decisions take the mean over all workers)"""
+    lr_kl_target: float = 0.008
+    """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
+    noise_scale: bool = False
+    """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
+    to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple (off by
+    default: it costs over 2% on the CartPole recipe; docs/ppg_ewma.md has the measurements)"""
+
+
+def with_defaults(args: Args) -> Args:
+    """Args with the defaults that depend on the action type filled in where they are None. Discrete actions take
+    the paper's: entropy coefficient 0.01, centre of mass 8 (beta_prox 0.889), pixels / 255 unnormalized. Box
+    actions take the PPO paper's MuJoCo entropy coefficient 0, normalized observations, and a centre of mass of
+    three iterations' E x M (measured on MuJoCo: docs/ppo_ewma.md)."""
+    continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
+    return dataclasses.replace(
+        args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
+        ewma_com=(3.0 * args.update_epochs * args.num_minibatches if continuous else 8.0) if args.ewma_com is None
+        else args.ewma_com,
+        norm_obs=continuous if args.norm_obs is None else args.norm_obs)
+
 
 def apply_batch_divisor(args: Args) -> Args:
-    """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args."""
-    c = args.batch_divisor
+    """The Args a run trains with: the adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as
+    a new Args, after with_defaults (the centre of mass that x c applies to)."""
+    args, c = with_defaults(args), args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
-    ewma_com = run_args(args, divide=False).ewma_com  # if unset, the action type's default, which x c applies to
-    changes = {"num_envs": args.num_envs // c, "ewma_com": ewma_com * c if args.adjust_ewma else ewma_com}
+    changes = {"num_envs": args.num_envs // c}
     if args.adjust_lr:
         changes["learning_rate"] = args.learning_rate / (c if args.lr_rule == "linear" else math.sqrt(c))
+    if args.adjust_ewma:
+        changes["ewma_com"] = args.ewma_com * c
     if args.adjust_adv_norm:
         changes["adv_norm_span"] = args.adv_norm_span * c
     if args.adjust_adam_betas:
@@ -224,8 +243,11 @@ class ImpalaCNN(nn.Module):
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
-        ins = (in_channels,) + tuple(channels[:-1])  # each stack's input: the previous stack's output
-        self.stacks = nn.Sequential(*(ConvSequence(i, out, res_scale) for i, out in zip(ins, channels)))
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
@@ -338,46 +360,6 @@ def value_loss(values, returns):
     return ((values - returns) ** 2).mean()
 
 
-def clipped_value_loss(values, old_values, returns, clip_coef):
-    """--clip-vloss: mean of max((V - V_targ)^2, (V_clip - V_targ)^2), V_clip = V_old + clip(V - V_old, -eps, eps),
-    as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
-    clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
-    return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
-
-
-def gaussian_log_prob(actions, mean, log_std):
-    """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
-    return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def gaussian_entropy(log_std):
-    """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
-    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
-
-
-def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
-    """KL[p || q] of diagonal Gaussians per sample, summed over action dims: all [B, A], returns [B].
-
-    KL = sum of log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2.
-    """
-    var_ratio = torch.exp(2 * (log_std_p - log_std_q))  # sigma_p^2 / sigma_q^2
-    return (log_std_q - log_std_p + 0.5 * (var_ratio + (mean_p - mean_q) ** 2 / torch.exp(2 * log_std_q)) - 0.5).sum(-1)
-
-
-def linear_schedule(initial, iteration, num_iterations):
-    """initial * (1 - (iteration - 1) / num_iterations): 1 in the first iteration (1-based), 1/J in the last."""
-    return initial * max(0.0, 1.0 - (iteration - 1) / num_iterations)
-
-
-def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, lr_factor=1.5):
-    """skrl's KLAdaptiveLR rule, with its defaults: the step size after an epoch whose mean KL was `kl`."""
-    if kl > kl_target * kl_factor:
-        return max(lr / lr_factor, min_lr)
-    if kl < kl_target / kl_factor:
-        return min(lr * lr_factor, max_lr)
-    return lr
-
-
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
     """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w.
@@ -474,7 +456,6 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     return list(inds.reshape(num_minibatches, -1))
 
 
-# ------------------------------------------------------------------------------------- training
 def epoch_minibatches(args: Args) -> list:
     """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
     layout) or, with --shuffle-samples, single samples."""
@@ -483,13 +464,9 @@ def epoch_minibatches(args: Args) -> list:
     return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
-def log_prob_and_entropy(pi, actions, continuous=False):
-    """log pi(a|s) of `actions` and the entropy, both [B]; pi [B, P]: categorical logits, or Gaussian mean and
-    log-std side by side."""
-    if continuous:
-        mean, log_std = pi.chunk(2, dim=-1)
-        return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
-    log_probs = torch.log_softmax(pi, dim=-1)
+def log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
     return logp, -(log_probs.exp() * log_probs).sum(-1)
 
@@ -500,8 +477,36 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+def gaussian_log_prob(actions, mean, log_std):
+    """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
+    return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std):
+    """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
+    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
+    """KL[p || q] of diagonal Gaussians per sample, summed over action dims: all [B, A], returns [B].
+
+    KL = sum of log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2.
+    """
+    var_ratio = torch.exp(2 * (log_std_p - log_std_q))  # sigma_p^2 / sigma_q^2
+    return (log_std_q - log_std_p + 0.5 * (var_ratio + (mean_p - mean_q) ** 2 / torch.exp(2 * log_std_q)) - 0.5).sum(-1)
+
+
+def policy_log_prob_and_entropy(pi, actions, continuous=False):
+    """log pi(a|s) of `actions` and the entropy, both [B]; pi [B, P]: categorical logits, or Gaussian mean and
+    log-std side by side."""
+    if continuous:
+        mean, log_std = pi.chunk(2, dim=-1)
+        return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
+    return log_prob_and_entropy(pi, actions)
+
+
 def policy_kl(pi_p, pi_q, continuous=False):
-    """Per-sample KL[p || q] between two policies' parameters (see log_prob_and_entropy), [B]."""
+    """Per-sample KL[p || q] between two policies' parameters (see policy_log_prob_and_entropy), [B]."""
     return gaussian_kl(*pi_p.chunk(2, dim=-1), *pi_q.chunk(2, dim=-1)) if continuous else categorical_kl(pi_p, pi_q)
 
 
@@ -513,44 +518,32 @@ def sample_actions(pi, continuous=False):
     return torch.distributions.Categorical(logits=pi, validate_args=False).sample()
 
 
+# ------------------------------------------------------------------------------------- training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer  # args: batch divisor applied
+    args = run.args  # from here on the run's Args: apply_batch_divisor's, and under torchrun this worker's share
+    envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
-    ewma_decay = com_to_decay(args.ewma_com)
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
-    if args.batch_divisor != 1:
-        command_args = run_args(run.command_args, divide=False)  # the defaults filled in
-        changes = harness.hyperparameter_changes(command_args, apply_batch_divisor(command_args))
-        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
-        if run.checkpoint is None:
-            writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
-        if args.update_epochs > 1:
-            print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
-                  f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
-        if args.lr_schedule == "kl-adaptive":
-            print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
-                  "size, and so undoes the batch divisor's step-size adjustment.")
 
     agent = Agent(envs).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
-    ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None
+    ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None  # PPO-EWMA: theta_prox
+    ewma_decay = com_to_decay(args.ewma_com)  # beta_prox
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
+    report_adjustments(run)  # --batch-divisor's changes, and warnings where an option undoes them
+
+    # rollout storage
     continuous, action_space = agent.continuous, envs.single_action_space
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
         action_high = torch.as_tensor(action_space.high, device=device)
-    if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
-        print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
-              f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
-
-    # rollout storage
     obs_dtype = harness.obs_dtype(envs)
     obs_shape, action_shape = envs.single_observation_space.shape, action_space.shape
     obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
@@ -567,15 +560,16 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    # what a checkpoint holds (with the EWMA weight w), restored with --resume
     saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
-    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":
             optimizer.param_groups[0]["lr"] = linear_schedule(args.learning_rate, iteration, num_iterations)
+
+        # rollout: T steps of the N envs with the behaviour policy pi_behav
         bootstraps.zero_()
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
@@ -584,7 +578,7 @@ def train(args: Args) -> dict:
                 step_pi, values[step] = agent(next_obs)
             action = sample_actions(step_pi, continuous)
             actions[step], behav_pis[step] = action, step_pi
-            behav_logps[step] = log_prob_and_entropy(step_pi, action, continuous)[0]
+            behav_logps[step] = policy_log_prob_and_entropy(step_pi, action, continuous)[0]
 
             env_action = torch.clamp(action, action_low, action_high) if continuous else action
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
@@ -600,14 +594,13 @@ def train(args: Args) -> dict:
             run.after_step(global_step, info)  # finished episodes, progress
         run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
+        # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all
+        # workers); the bootstrap V is already in scaled units
         with torch.no_grad():
             next_value = agent.get_value(next_obs)
-        # rewards scaled once per rollout as officially (torchrun: one estimate over all workers); the
-        # bootstrap V is already in scaled units
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
-
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions, b_behav_pis = actions.reshape((-1,) + action_shape), behav_pis.reshape(-1, pi_size)
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
@@ -616,26 +609,28 @@ def train(args: Args) -> dict:
             adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)
 
+        # update: E epochs of M minibatches on the decoupled objective
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
-        gradient_steps = 0
+        gradient_steps, over_target_kl = 0, False
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
-            epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step: --target-kl, kl-adaptive step size
+            epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step
             for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
                 mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_pi, new_value = agent(mb_obs)
-                new_logp, entropy = log_prob_and_entropy(new_pi, mb_actions, continuous)
-                with torch.no_grad():  # torchrun: the mean of all workers' shares, so that all decide alike
-                    behav_logratio = new_logp - mb_behav_logp
-                    epoch_kls.append(harness.mean_over_workers(((behav_logratio.exp() - 1) - behav_logratio).mean()))
-                if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
-                    break
-                if ewma_agent is not None:  # pi_prox: one forward pass of the EWMA network
+                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, continuous)
+                behav_logratio = (new_logp - mb_behav_logp).detach()
+                epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
+                if args.target_kl is not None:  # torchrun: all workers decide on the mean of their estimates
+                    over_target_kl = harness.mean_over_workers(epoch_kls[-1]) > args.target_kl
+                    if over_target_kl:
+                        break  # this minibatch and the rest of the update are skipped
+                if ewma_agent is not None:  # PPO-EWMA: pi_prox is the EWMA network's policy
                     prox_pi = harness.in_chunks(ewma_agent.get_pi, mb_obs, prox_chunk_size)
-                    prox_logp = log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
-                else:
+                    prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
+                else:  # PPO: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
 
                 if args.objective == "clip":
@@ -660,7 +655,7 @@ def train(args: Args) -> dict:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 gradient_steps += 1
-                if ewma_agent is not None:
+                if ewma_agent is not None:  # PPO-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
 
                 with torch.no_grad():
@@ -675,17 +670,18 @@ def train(args: Args) -> dict:
                         stats[name].append(value.detach())
             if noise_scale is not None:
                 noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
-            epoch_kl = torch.stack(epoch_kls).mean()
+            epoch_kl = harness.mean_over_workers(torch.stack(epoch_kls).mean())
             if args.lr_schedule == "kl-adaptive":  # skrl: after every epoch, from the epoch's mean KL
                 lr = optimizer.param_groups[0]["lr"]
                 optimizer.param_groups[0]["lr"] = kl_adaptive_lr(lr, epoch_kl.item(), args.lr_kl_target)
-            if args.target_kl is not None and epoch_kls[-1] > args.target_kl:
+            if over_target_kl:
                 break  # --target-kl: the remaining epochs are skipped
+
+        # logging
         if args.target_kl is not None:
             writer.add_scalar("charts/update_epochs_run", gradient_steps / args.num_minibatches, global_step)
         if noise_scale is not None:
             noise_scale.log(writer, global_step, minibatch_size)
-
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -701,6 +697,28 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
         run.end_iteration(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # SPS, checkpoint
     return run.finish(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # --save-model
+
+
+# ------------------------------------------------------------------- options beyond the paper
+def clipped_value_loss(values, old_values, returns, clip_coef):
+    """--clip-vloss: mean of max((V - V_targ)^2, (V_clip - V_targ)^2), V_clip = V_old + clip(V - V_old, -eps, eps),
+    as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
+    clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
+    return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+
+
+def linear_schedule(initial, iteration, num_iterations):
+    """initial * (1 - (iteration - 1) / num_iterations): 1 in the first iteration (1-based), 1/J in the last."""
+    return initial * max(0.0, 1.0 - (iteration - 1) / num_iterations)
+
+
+def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, lr_factor=1.5):
+    """skrl's KLAdaptiveLR rule, with its defaults: the step size after an epoch whose mean KL was `kl`."""
+    if kl > kl_target * kl_factor:
+        return max(lr / lr_factor, min_lr)
+    if kl < kl_target / kl_factor:
+        return min(lr * lr_factor, max_lr)
+    return lr
 
 
 # ----------------------------------------------------------- what the run harness needs to know of this script
@@ -729,16 +747,26 @@ def check_args(args: Args, observation_space, action_space) -> None:
                          "--num-envs or --num-steps")
 
 
-def run_args(args: Args, divide: bool = True) -> Args:
-    """The Args a run trains with: the defaults that depend on the action type filled in, the batch divisor applied
-    (unless not `divide`)."""
-    continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
-    ewma_com = 3.0 * args.update_epochs * args.num_minibatches if continuous else 8.0  # 3 x E x M: measured, MuJoCo
-    filled = dataclasses.replace(
-        args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
-        norm_obs=continuous if args.norm_obs is None else args.norm_obs,
-        ewma_com=ewma_com if args.ewma_com is None else args.ewma_com)
-    return apply_batch_divisor(filled) if divide else filled
+def report_adjustments(run) -> None:
+    """Print (and log, once) --batch-divisor's changes to the hyperparameters, and warn where a setting undoes them
+    or, for continuous actions, where the EWMA is younger than the ages measured to hold on MuJoCo."""
+    args = run.args
+    if args.batch_divisor != 1:
+        command_args = with_defaults(run.command_args)
+        changes = harness.hyperparameter_changes(command_args, apply_batch_divisor(command_args))
+        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
+        if run.checkpoint is None:
+            run.writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
+        if args.update_epochs > 1:
+            print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
+                  f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
+        if args.lr_schedule == "kl-adaptive":
+            print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
+                  "size, and so undoes the batch divisor's step-size adjustment.")
+    continuous = isinstance(run.envs.single_action_space, gym.spaces.Box)
+    if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
+        print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
+              f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
 
 
 def acting_policy(args: Args, envs, models: dict, device):
@@ -750,7 +778,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
-                        flag_ranges=FLAG_RANGES, check_args=check_args, run_args=run_args,
+                        flag_ranges=FLAG_RANGES, check_args=check_args, run_args=apply_batch_divisor,
                         worker_share=harness.worker_share, procgen=True, actions="any")
 
 if __name__ == "__main__":

@@ -633,7 +633,7 @@ def test_gaussian_log_prob_and_entropy_by_hand():
     assert ppo_ewma.gaussian_log_prob(actions, mean, log_std).item() == pytest.approx(-2.781025, abs=1e-6)
     # 0.5 log(2 pi e) = 1.418939 per dim, plus log sigma: 1.418939 + (0.693147 + 1.418939) = 3.531024
     assert ppo_ewma.gaussian_entropy(log_std).item() == pytest.approx(3.531024, abs=1e-6)
-    logp, entropy = ppo_ewma.log_prob_and_entropy(torch.cat([mean, log_std], -1), actions, continuous=True)
+    logp, entropy = ppo_ewma.policy_log_prob_and_entropy(torch.cat([mean, log_std], -1), actions, continuous=True)
     assert (logp.item(), entropy.item()) == pytest.approx((-2.781025, 3.531024), abs=1e-6)
 
 
@@ -693,15 +693,14 @@ def test_target_kl_cuts_the_epochs_and_logs_how_many_ran(tmp_path, monkeypatch):
 
 def test_the_kl_to_pi_behav_is_logged_as_the_iteration_mean_and_the_last_epoch_mean(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    kls = []  # every minibatch's k3 estimate of KL[pi_behav || pi], before its step
+    kls = []  # each epoch's mean of its minibatches' k3 estimates of KL[pi_behav || pi], before their steps
     monkeypatch.setattr(harness, "mean_over_workers", lambda x: kls.append(x.item()) or x if x.dim() == 0 else x)
     config = dict(TINY_CARTPOLE, total_timesteps=2 * 64, update_epochs=3, learning_rate=1e-2)
     logged = scalars_with_steps(ppo_ewma.train(Args(exp_name="kl", **config))["run_dir"])
-    first, second = kls[:6], kls[6:]  # 2 iterations of 3 epochs x 2 minibatches
+    first, second = kls[:3], kls[3:]  # 2 iterations of 3 epochs (of 2 minibatches each)
     assert [v for _, v in logged["losses/approx_kl_behav"]] == pytest.approx([np.mean(first), np.mean(second)])
-    assert [v for _, v in logged["losses/approx_kl_behav_last"]] == pytest.approx([np.mean(first[4:]),
-                                                                                   np.mean(second[4:])])
-    assert first[4:] > first[:2]  # the policy moves away from pi_behav epoch by epoch: the mean understates the end
+    assert [v for _, v in logged["losses/approx_kl_behav_last"]] == pytest.approx([first[2], second[2]])
+    assert first[2] > first[0]  # the policy moves away from pi_behav epoch by epoch: the mean understates the end
 
 
 def test_learning_rate_schedules_are_logged(tmp_path, monkeypatch):
@@ -719,20 +718,20 @@ def test_learning_rate_schedules_are_logged(tmp_path, monkeypatch):
 
 
 def test_defaults_that_depend_on_the_action_type():
-    continuous = ppo_ewma.run_args(Args(env_id="Pendulum-v1"))
-    discrete = ppo_ewma.run_args(Args(env_id="CartPole-v1"))
+    continuous = ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1"))
+    discrete = ppo_ewma.apply_batch_divisor(Args(env_id="CartPole-v1"))
     assert (continuous.ent_coef, continuous.norm_obs) == (0.0, True)
     assert (discrete.ent_coef, discrete.norm_obs) == (0.01, False)  # the paper's; CartPole raw
-    chosen = ppo_ewma.run_args(Args(env_id="Pendulum-v1", ent_coef=0.005, norm_obs=False, ewma_com=2.0))
+    chosen = ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", ent_coef=0.005, norm_obs=False, ewma_com=2.0))
     assert (chosen.ent_coef, chosen.norm_obs, chosen.ewma_com) == (0.005, False, 2.0)
     # the EWMA's centre of mass: the paper's 8 for discrete actions; for continuous ones three iterations' gradient
     # steps, 3 x E x M = 3 x 3 epochs x 8 minibatches = 72 (MuJoCo's 10 x 32: 960), then x c = 2 under
     # --batch-divisor 2 (144); starpilot keeps the paper's 8 x 2 = 16
     assert (continuous.ewma_com, discrete.ewma_com) == (72.0, 8.0)
-    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 960.0
-    assert ppo_ewma.run_args(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 144.0
+    assert ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 960.0
+    assert ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 144.0
     assert apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2, adjust_ewma=False)).ewma_com == 72.0
-    assert ppo_ewma.run_args(Args(batch_divisor=2)).ewma_com == 16.0
+    assert ppo_ewma.apply_batch_divisor(Args(batch_divisor=2)).ewma_com == 16.0
 
 
 @pytest.mark.parametrize("env_id, ewma_com, warned", [
@@ -774,7 +773,7 @@ def test_box_actions_reach_the_env_clipped_while_log_probs_use_the_sampled_actio
     action = ppo_ewma.sample_actions(pi, continuous=True)
     assert action.item() > 2.0  # sampled beyond the bound
     act = ppo_ewma.acting_policy  # the evaluation policy clips as the training loop does
-    envs = ppo_ewma.make_env(ppo_ewma.run_args(Args(env_id="Pendulum-v1", num_envs=1)))
+    envs = ppo_ewma.make_env(ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", num_envs=1)))
     agent = ppo_ewma.Agent(envs)
     with torch.no_grad():
         agent.actor_mean[-1].bias.fill_(5.0)
