@@ -88,17 +88,15 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
 
 # ------------------------------------------------------------------------------------- networks
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer
 
 
-def mlp(in_dim, out_dim, out_std):
-    return nn.Sequential(
-        layer_init(nn.Linear(in_dim, 64)), nn.Tanh(),
-        layer_init(nn.Linear(64, 64)), nn.Tanh(),
-        layer_init(nn.Linear(64, out_dim), std=out_std),
-    )
+def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
+    return nn.Sequential(layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                         layer_init(nn.Linear(64, out_dim), std=out_std))
 
 
 class Agent(nn.Module):

@@ -129,7 +129,7 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
 
 # ------------------------------------------------------------------------------------- networks
 def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    """CleanRL's orthogonal init, for the MLP of vector envs (the official code has no MLP)."""
+    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
     nn.init.orthogonal_(layer.weight, std)
     nn.init.constant_(layer.bias, bias_const)
     return layer

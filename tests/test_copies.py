@@ -1,0 +1,51 @@
+"""The intended copies hold: STYLE.md keeps the pieces several scripts share (GAE, the IMPALA CNN and its init, the
+shared losses, the minibatch layout, the reward normalizer, layer_init) written the same way in every script that
+has them, so that a diff of two scripts shows only their algorithmic difference and each still copies out alone."""
+import difflib
+import importlib
+import inspect
+import re
+
+import pytest
+
+BSI = ("ppo_ewma", "ppg_ewma", "ppo_staleness")  # the batch size-invariance scripts
+IMAGES = (*BSI, "vmpo")  # the scripts with the IMPALA CNN
+COPIES = {  # a function or class -> the scripts that hold a copy of it
+    "compute_gae": (*IMAGES, "ppo_er"), "layer_init": (*IMAGES, "ppo_er"),
+    **{name: IMAGES for name in ("normed_init", "ResidualBlock", "ConvSequence", "ImpalaCNN", "log_prob_and_entropy",
+                                 "categorical_kl")},
+    **{name: BSI for name in ("decoupled_clip_loss", "value_loss", "RewardNormalizer", "minibatch_indices",
+                              "epoch_minibatches")},
+    **{name: ("ppo_ewma", "ppg_ewma") for name in ("decoupled_kl_loss", "update_ewma", "com_to_decay", "span_to_decay",
+                                                   "EwmaMoments")},
+    **{name: ("ppo_ewma", "ppo_er") for name in ("gaussian_log_prob", "gaussian_entropy", "mlp")},
+}
+RENAMES = {}  # script -> {its name for a concept: the name the other scripts give it}, applied before comparing
+
+
+def source(script: str, name: str) -> str:
+    """The source of `name` in `script`, with the script's own names for shared concepts made the common ones."""
+    text = inspect.getsource(getattr(importlib.import_module(script), name))
+    for own, common in RENAMES.get(script, {}).items():
+        text = re.sub(rf"\b{own}\b", common, text)
+    return text
+
+
+def differences(sources: dict) -> str:
+    """{script: source} -> a unified diff of every copy that differs from the first one's ("" if all agree)."""
+    (first, reference), *others = sources.items()
+    return "".join("".join(difflib.unified_diff(reference.splitlines(True), text.splitlines(True), first, script))
+                   for script, text in others if text != reference)
+
+
+@pytest.mark.parametrize("name", COPIES)
+def test_each_copy_is_the_same_text_in_every_script(name):
+    diff = differences({script: source(script, name) for script in COPIES[name]})
+    assert not diff, f"the copies of {name} differ; make them agree:\n{diff}"
+
+
+def test_a_changed_copy_is_caught_and_shown():
+    sources = {script: source(script, "compute_gae") for script in COPIES["compute_gae"]}
+    sources["vmpo"] = sources["vmpo"].replace("gamma * gae_lambda", "gae_lambda * gamma")  # the same number, but not
+    diff = differences(sources)  # the same text: exactly what a diff of two scripts would show
+    assert diff.startswith("--- ppo_ewma\n+++ vmpo\n") and "+        last_gae = delta + gae_lambda * gamma" in diff
