@@ -262,7 +262,7 @@ class PolicyNetwork(nn.Module):
         self.actor = make_head(self.torso, hidden, envs.single_action_space.n, mlp_std=0.01)
         self.aux_critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
 
-    def get_logits(self, obs):
+    def get_pi(self, obs):
         return self.actor(self.torso(obs))
 
     def forward(self, obs):
@@ -465,7 +465,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
     num_samples, num_minibatches = phase_returns.numel(), phase_returns.numel() // aux_minibatch_size
     phase_obs, phase_returns = phase_obs.reshape((num_samples,) + phase_obs.shape[3:]), phase_returns.reshape(-1)
     with torch.no_grad():  # pi_old: the policy as the policy phase left it, for behaviour cloning
-        old_logits = torch.cat([policy.get_logits(phase_obs[start:start + aux_minibatch_size].to(device)).cpu()
+        old_logits = torch.cat([policy.get_pi(phase_obs[start:start + aux_minibatch_size].to(device)).cpu()
                                 for start in range(0, num_samples, aux_minibatch_size)])
     stats = {k: [] for k in ("aux_clone_kl", "aux_value_loss", "aux_true_value_loss", "aux_kl_moved")}
     for epoch in range(aux_epochs):
@@ -582,7 +582,7 @@ def train(args: Args) -> dict:
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_obs = next_obs.to(device)
-                step_logits, values[step] = policy.get_logits(step_obs), value_net(step_obs)
+                step_logits, values[step] = policy.get_pi(step_obs), value_net(step_obs)
             action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
             actions[step], logits[step] = action, step_logits
             behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
@@ -623,10 +623,10 @@ def train(args: Args) -> dict:
             for mb_inds in epoch_minibatches(args):
                 mb_obs, mb_advantages = b_obs[mb_inds].to(device), b_advantages[mb_inds]
                 mb_behav_logp = b_behav_logps[mb_inds]
-                new_logits = policy.get_logits(mb_obs)
+                new_logits = policy.get_pi(mb_obs)
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
                 if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
-                    prox_logits = harness.in_chunks(ewma_policy.get_logits, mb_obs, prox_chunk_size)
+                    prox_logits = harness.in_chunks(ewma_policy.get_pi, mb_obs, prox_chunk_size)
                     prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
                 else:
                     prox_logits, prox_logp = b_logits[mb_inds], mb_behav_logp
@@ -771,7 +771,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy network (not the EWMA) as obs -> sampled env actions."""
     policy = PolicyNetwork(envs).to(device)
     policy.load_state_dict(models["policy"])
-    return harness.actor(lambda obs: torch.distributions.Categorical(logits=policy.get_logits(obs)).sample(), envs,
+    return harness.actor(lambda obs: torch.distributions.Categorical(logits=policy.get_pi(obs)).sample(), envs,
                          device)
 
 

@@ -113,7 +113,7 @@ class Agent(nn.Module):
     def get_value(self, obs):
         return self.critic(obs).squeeze(-1)
 
-    def get_policy(self, obs):
+    def get_pi(self, obs):
         mean = self.actor_mean(obs)
         return mean, self.actor_log_std.expand_as(mean)
 
@@ -252,7 +252,7 @@ def train(args: Args) -> dict:
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                mean, log_std = agent.get_policy(next_obs)
+                mean, log_std = agent.get_pi(next_obs)
                 values[step] = agent.get_value(next_obs)
                 action = mean + log_std.exp() * torch.randn_like(mean)  # a ~ N(mu(s), sigma^2), eq. (10)
             actions[step], behav_means[step], behav_log_stds[step] = action, mean, log_std
@@ -294,7 +294,7 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in replay.minibatch_indices(minibatch_size):
                 mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
-                mean, log_std = agent.get_policy(mb_obs)
+                mean, log_std = agent.get_pi(mb_obs)
                 new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
                 new_value = agent.get_value(mb_obs)
                 if args.norm_adv:
@@ -379,7 +379,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     agent.load_state_dict(models["agent"])
 
     def sample(obs):
-        mean, log_std = agent.get_policy(obs)
+        mean, log_std = agent.get_pi(obs)
         return mean + log_std.exp() * torch.randn_like(mean)
     return harness.actor(sample, envs, device)
 

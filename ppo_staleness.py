@@ -181,7 +181,7 @@ class Agent(nn.Module):
             self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
             self.critic = layer_init(nn.Linear(64, 1), std=1.0)
 
-    def get_logits(self, obs):
+    def get_pi(self, obs):
         return self.actor(self.torso(obs))
 
     def get_value(self, obs):
@@ -438,7 +438,7 @@ def train(args: Args) -> dict:
         if args.staleness == 0:
             b_recent_logits, b_recent_logps = b_logits, b_behav_logps
         else:
-            b_recent_logits = harness.in_chunks(agent.get_logits, b_obs, recent_chunk_size)
+            b_recent_logits = harness.in_chunks(agent.get_pi, b_obs, recent_chunk_size)
             b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 
@@ -542,7 +542,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy, the latest weights, as obs -> sampled env actions."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    return harness.actor(lambda obs: torch.distributions.Categorical(logits=agent.get_logits(obs)).sample(), envs,
+    return harness.actor(lambda obs: torch.distributions.Categorical(logits=agent.get_pi(obs)).sample(), envs,
                          device)
 
 

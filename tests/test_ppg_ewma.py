@@ -386,7 +386,7 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     optimizer = torch.optim.Adam([*policy.parameters(), *value_net.parameters()], lr=5e-4)
     aux_optimizer = torch.optim.Adam([*policy.parameters(), *value_net.parameters()], lr=5e-4)
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4], [1.0, 0.5, -0.5, 0.0]])
-    (policy.get_logits(obs).sum() + value_net(obs).sum()).backward()
+    (policy.get_pi(obs).sum() + value_net(obs).sum()).backward()
     aux_optimizer.step()  # only the auxiliary Adam has state
     models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
     optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
@@ -403,9 +403,9 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
     harness.restore_run(loaded, harness.Saved(fresh, fresh_optimizers), envs, torch.ones(4, 4), torch.ones(4))
-    assert torch.equal(fresh["policy"].get_logits(obs), policy.get_logits(obs))
+    assert torch.equal(fresh["policy"].get_pi(obs), policy.get_pi(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
-    assert torch.equal(fresh["ewma_policy"].get_logits(obs), ewma_policy.get_logits(obs))
+    assert torch.equal(fresh["ewma_policy"].get_pi(obs), ewma_policy.get_pi(obs))
     assert fresh_optimizers["optimizer"].state_dict()["state"] == {}
     assert fresh_optimizers["aux_optimizer"].state_dict()["state"][0]["step"].item() == 1
     assert fresh_optimizers["aux_optimizer"].param_groups[0]["lr"] == 5e-4  # the saved one, not Adam's default

@@ -301,7 +301,7 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     harness.restore_run(loaded, harness.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())},
                                               {"reward": fresh_normalizer}), envs, torch.ones(2, 4), torch.ones(2))
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
-    assert torch.equal(fresh.get_logits(obs), agent.get_logits(obs))
+    assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]
     assert fresh_normalizer.returns.tolist() == pytest.approx([1.99, 1.0])
     assert (fresh_normalizer.mean, fresh_normalizer.var) == (reward_normalizer.mean, reward_normalizer.var)
