@@ -9,6 +9,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/ewma"
+DATA=${RESULTS:-$ROOT/benchmark/results}/ewma.csv.gz  # the committed curves, which the tables and plots read
 
 if [ "$SCALE" = cpu ]; then
   env=Acrobot-v1 seeds="1 2 3"
@@ -29,9 +30,13 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__(.+)__\d+__\d+$" --window 0.2 \
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
+fi
+python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}__(.+)__\d+__\d+$" --window 0.2 \
+  --compare ppo-ewma=ppo --compare ppg-ewma=ppg \
   --out "$ROOT/docs/img/ewma.png" --title "PPO vs PPO-EWMA, PPG vs PPG-EWMA ($env, default batch)" \
   --label '^ppo$=PPO' --label '^ppo-ewma$=PPO-EWMA' --label '^ppg$=PPG' --label '^ppg-ewma$=PPG-EWMA'

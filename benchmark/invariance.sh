@@ -14,6 +14,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/invariance"
+DATA=${RESULTS:-$ROOT/benchmark/results}/invariance.csv.gz  # the committed curves, which the tables and plots read
 
 if [ "$SCALE" = cpu ]; then
   env=Acrobot-v1 envs=64
@@ -39,12 +40,15 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
+fi
 labels=()  # "c = 4 (16 envs)": the batch divisor and the envs it leaves
 for c in $divisors; do n=$((envs / c)); labels+=(--label "_c$c\$=c = $c ($n env$([ $n = 1 ] || echo s))"); done
-plot() { python "$ROOT/benchmark/plot.py" "$OUT/runs" --window 0.2 --divisor-regex '_c(\d+)$' "$@"; }
+plot() { python "$ROOT/benchmark/plot.py" "$DATA" --window 0.2 --divisor-regex '_c(\d+)$' "$@"; }
 for variant in all no-adam-adj no-advnorm-adj no-ewma-adj ppg linear-lr ppo-ewma-e1; do
   case $variant in
     all) what="PPG-EWMA, all adjustments" ;;

@@ -10,7 +10,8 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-1}
-OUT="$ROOT/benchmark/runs/mujoco"
+OUT=${OUT:-$ROOT/benchmark/runs/mujoco}
+DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco.csv.gz  # the committed curves, which the tables and plots read
 
 runs() {
   for env in HalfCheetah-v5 Hopper-v5; do for seed in 1 2 3; do for L in 1 2; do
@@ -27,12 +28,18 @@ unfinished() {  # drop the runs that finished; remove what an interrupted one le
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | unfinished | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | unfinished | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  rm -rf "$OUT/finished" && mkdir "$OUT/finished"
+  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+  python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA"
+fi
 for env in HalfCheetah Hopper; do
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
-  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 \
+    --baseline ppo-er-L1 \
     --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps" \
     --label '-L1$=PPO (L = 1)' --label '-L2$=PPO-ER (L = 2)'
 done

@@ -31,6 +31,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT=${OUT:-$ROOT/benchmark/runs/mujoco_ewma}
 SEEDS=${SEEDS:-1 2 3}
+DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco_ewma.csv.gz
 SETTINGS="--num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 --shuffle-samples --learning-rate 3e-4"
 SETTINGS="$SETTINGS --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000"
 
@@ -64,17 +65,21 @@ mkdir -p "$OUT/logs" && cd "$OUT"
 export OMP_NUM_THREADS=1 ROOT OUT SETTINGS
 export -f run
 [ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
-rm -rf "$OUT/finished" && mkdir "$OUT/finished"  # plot.py reads the finished runs alone: links to them
-for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the tables and plots read
+  rm -rf "$OUT/finished" && mkdir "$OUT/finished"
+  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+  python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS \
+    losses/approx_kl_behav_last losses/clipfrac losses/entropy losses/is_capped_frac
+fi
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
-  ls "$OUT/finished" | grep -q "^$env-v5__" || continue
+  grep -q "^$env-v5," <(zcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
-  python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --threshold "$threshold" \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" --baseline ppo --margin 0.15 \
     --out "$ROOT/docs/img/mujoco_ewma_$env.png" --title "PPO-EWMA's centre of mass, $env-v5, 1M steps" \
     --label '^ppo$=PPO' --label '^ppo-tkl$=PPO, --target-kl 0.02' --label '^com(\d+)$=PPO-EWMA, centre of mass \1' \
     --label '^com(\d+)-tkl$=PPO-EWMA, centre of mass \1, --target-kl 0.02'
   for tag in approx_kl_behav_last clipfrac entropy is_capped_frac; do  # why: each over the last 10% of steps
-    python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --tag "losses/$tag"
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --tag "losses/$tag"
   done
 done

@@ -9,6 +9,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/ppo_er"
+DATA=${RESULTS:-$ROOT/benchmark/results}/ppo_er.csv.gz  # the committed curves, which the tables and plots read
 steps=$([ "$SCALE" = cpu ] && echo 100000 || echo 1000000)
 
 runs() {
@@ -19,11 +20,14 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
+fi
 for env in Pendulum HalfCheetah; do
-  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}-v\d+__(L\d)__\d+__\d+$" --window 0.2 \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v\d+__(L\d)__\d+__\d+$" --window 0.2 --baseline L1 \
     --out "$ROOT/docs/img/ppo_er_$env.png" --title "PPO vs PPO-ER, $env, $steps steps" \
     --label '^L1$=PPO (L = 1)' --label '^L2$=PPO-ER (L = 2)'
 done

@@ -14,6 +14,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/recipes"
+DATA=${RESULTS:-$ROOT/benchmark/results}/recipes.csv.gz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3; do
@@ -28,15 +29,18 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
+fi
+python "$ROOT/benchmark/plot.py" "$DATA" --group "^CartPole-v1__(ppo-ewma[a-z0-9-]*)__\d+__\d+$" --threshold 450 \
   --out "$ROOT/docs/img/recipes_ppo_ewma.png" --title "PPO-EWMA CPU recipe, CartPole-v1" \
   --label '^ppo-ewma$=8 envs x 128 steps, whole trajectories (the recipe)' \
   --label '-shuffled$=8 envs x 128 steps, shuffled samples' --label '-16x64$=16 envs x 64 steps, whole trajectories'
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^CartPole-v1__(ppg-ewma)__\d+__\d+$" --threshold 475
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^Pendulum-v1__(pendulum-(?:no-)?ewma(?:-com\d+)?)__\d+__\d+$" --threshold -300 \
-  --out "$ROOT/docs/img/recipes_pendulum.png" --title "ppo_ewma.py continuous recipe, Pendulum-v1" \
+python "$ROOT/benchmark/plot.py" "$DATA" --group "^CartPole-v1__(ppg-ewma)__\d+__\d+$" --threshold 475
+python "$ROOT/benchmark/plot.py" "$DATA" --group "^Pendulum-v1__(pendulum-(?:no-)?ewma(?:-com\d+)?)__\d+__\d+$" --threshold -300 \
+  --baseline pendulum-no-ewma --out "$ROOT/docs/img/recipes_pendulum.png" --title "ppo_ewma.py continuous recipe, Pendulum-v1" \
   --label '^pendulum-ewma$=PPO-EWMA (the default, centre of mass 240)' --label '^pendulum-no-ewma$=PPO (--no-ewma)' \
   --label '-com(\d+)$=PPO-EWMA, --ewma-com \1'

@@ -15,6 +15,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-1}
 OUT="$ROOT/benchmark/runs/regime"
+DATA=${RESULTS:-$ROOT/benchmark/results}/regime.csv.gz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3 4; do
@@ -34,9 +35,13 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA" --tags charts/episodic_return charts/SPS \
+    eval/mean_return charts/grad_noise_trace charts/grad_sq_norm charts/minibatch_size
+fi
 for task in Acrobot-v1 CartPole-v1; do
   envs=$([ $task = Acrobot-v1 ] && echo 64 || echo 32)
   labels=()
@@ -44,14 +49,14 @@ for task in Acrobot-v1 CartPole-v1; do
   for algo in ppg ppo; do for rule in sqrt linear; do
     what=$([ $algo = ppg ] && echo "PPG-EWMA" || echo "PPO-EWMA, 1 epoch")
     rule_text=$([ $rule = sqrt ] && echo "all adjustments" || echo "linear step-size rule")
-    python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__(${algo}-${rule}-c\d+)__\d+__\d+$" \
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "^${task}__(${algo}-${rule}-c\d+)__\d+__\d+$" \
       --tag eval/mean_return --bins 10 --window 0.05 --divisor-regex='-c(\d+)$' "${labels[@]}" \
       --out "$ROOT/docs/img/regime_${task%-v1}_${algo}_${rule}.png" --title "$what, $rule_text: batch / c ($task)"
   done; done
   for half in 1.0 0.5; do  # B_simple over the whole run and over its second half: tr(Sigma) / |G|^2 of the window
-    python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
       --tag charts/grad_noise_trace --per charts/grad_sq_norm --window $half
   done
-  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "^${task}__((?:ppg|ppo)-sqrt-c\d+)__\d+__\d+$" \
     --tag charts/minibatch_size --window 0.5
 done

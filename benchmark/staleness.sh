@@ -12,6 +12,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/staleness"
+DATA=${RESULTS:-$ROOT/benchmark/results}/staleness.csv.gz  # the committed curves, which the tables and plots read
 if [ "$SCALE" = cpu ]; then
   envs=CartPole-v1 seeds="1 2 3"
 else  # the paper's Fig. 1: 4 seeds
@@ -33,18 +34,21 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
+fi
 for env in $envs; do  # one game per plot and table (SCALE=paper: file names end in _GAME)
   suffix=$([ "$SCALE" = cpu ] || echo "_$env")
   for objective in recent decoupled behavior; do
     figure=$(case $objective in recent) echo 1a ;; decoupled) echo 1b ;; behavior) echo 1c ;; esac)
-    python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__grid_(${objective}_k\d+|decoupled_k0)__\d+__\d+$" \
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}__grid_(${objective}_k\d+|decoupled_k0)__\d+__\d+$" \
       --window 0.2 --out "$ROOT/docs/img/staleness_$objective$suffix.png" \
       --title "PPO on data k iterations stale, objective $objective (Fig. $figure), $env" \
       --label '_k0$=k = 0 (fresh data)' --label '_k(\d+)$=k = \1'
   done
-  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__grid_(\w+_k\d+)__\d+__\d+$" --window 0.2 \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}__grid_(\w+_k\d+)__\d+__\d+$" --window 0.2 \
     --pivot "^(\w+)_(k\d+)$"
 done

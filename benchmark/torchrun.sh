@@ -12,6 +12,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 OUT="$ROOT/benchmark/runs/torchrun"
+DATA=${RESULTS:-$ROOT/benchmark/results}/torchrun.csv.gz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3; do
@@ -27,30 +28,33 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | while read -r run; do /usr/bin/time -a -o wall_clock.txt -f "%e $run" sh -c "$run > /dev/null 2>&1"; done
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA (wall-clock: from $OUT, if there)
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | while read -r run; do /usr/bin/time -a -o wall_clock.txt -f "%e $run" sh -c "$run > /dev/null 2>&1"; done
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
+fi
 if [ "$SCALE" = cpu ]; then
   env=CartPole-v1 labels=(--label '^one_process$=1 process x 8 envs' --label '^two_workers$=2 torchrun workers x 4 envs')
 else
   env=starpilot labels=(--label '^one_process$=1 process x 256 envs' --label '^four_workers$=4 torchrun workers x 64 envs'
     --label '^one_worker_c4$=1 process x 64 envs (--batch-divisor 4)')
 fi
-python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^${env}__(one_process|two_workers|four_workers|one_worker_c4)__\d+__\d+$" \
+python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}__(one_process|two_workers|four_workers|one_worker_c4)__\d+__\d+$" \
   --window 0.1 --out "$ROOT/docs/img/torchrun_$([ "$SCALE" = cpu ] && echo cartpole || echo starpilot).png" \
   --title "PPO-EWMA: one process vs torchrun workers, same total batch ($env)" "${labels[@]}"
-python - "$ROOT" "$OUT" <<'EOF'
-import glob, os, re, sys
+python - "$ROOT" "$OUT" "$DATA" <<'EOF'
+import os, re, sys
 import numpy as np
 sys.path.insert(0, os.path.join(sys.argv[1], "benchmark"))
-from plot import read_scalars
-wall = {}
-for line in open(os.path.join(sys.argv[2], "wall_clock.txt")):
+from plot import list_runs, read_scalars
+wall, timed = {}, os.path.join(sys.argv[2], "wall_clock.txt")
+for line in open(timed) if os.path.exists(timed) else []:
     seconds, run = line.split(" ", 1)
     wall[re.search(r"--exp-name (\w+)", run).group(1), re.search(r"--seed (\d+)", run).group(1)] = float(seconds)
 print("| variant | seed | first step with 100-episode mean >= 450 | final 100-episode mean | wall-clock (s) | SPS |")
 print("|---|---:|---:|---:|---:|---:|")
-for run_dir in sorted(glob.glob(os.path.join(sys.argv[2], "runs", "*__*__*__*"))):
+for run_dir in sorted(list_runs(sys.argv[3])):
     name, seed = re.search(r"__(\w+)__(\d+)__\d+$", run_dir).groups()
     steps, returns = read_scalars(run_dir, "charts/episodic_return")
     means = np.array([returns[max(0, i - 99):i + 1].mean() for i in range(len(returns))])

@@ -10,6 +10,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/vmpo"
+DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo.csv.gz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3; do
@@ -24,11 +25,16 @@ runs() {
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
-mkdir -p "$OUT" && cd "$OUT"
-export OMP_NUM_THREADS=1
-runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
+  mkdir -p "$OUT" && cd "$OUT"
+  export OMP_NUM_THREADS=1
+  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA" --tags charts/episodic_return charts/SPS kl/policy \
+    kl/policy_bound kl/mean kl/mean_bound kl/std kl/std_bound kl/temperature kl/temperature_bound charts/eta \
+    charts/alpha_policy charts/alpha_mean charts/alpha_std
+fi
 plot() {  # one variant per env; the labels name its action space
-  python "$ROOT/benchmark/plot.py" "$OUT/runs" --group "^([A-Za-z]+)-v\d+__vmpo__\d+__\d+$" --window 0.2 \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "^([A-Za-z]+)-v\d+__vmpo__\d+__\d+$" --window 0.2 \
     --label '^CartPole$=CartPole-v1 (discrete)' --label '^Pendulum$=Pendulum-v1 (continuous)' \
     --label '^HalfCheetah$=HalfCheetah-v5 (continuous)' "$@"
 }

@@ -13,6 +13,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT=${OUT:-$ROOT/benchmark/runs/mujoco}
+DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo_mujoco.csv.gz
 VMPO="vmpo.py --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.99"
 VMPO="$VMPO --learning-rate 3e-4 --multiplier-lr 1e-2 --total-timesteps 1000000"
 PPO="ppo_ewma.py --no-ewma --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 --shuffle-samples"
@@ -41,16 +42,20 @@ mkdir -p "$OUT/logs" && cd "$OUT"
 export OMP_NUM_THREADS=1 ROOT OUT VMPO PPO
 export -f run
 [ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
-rm -rf "$OUT/finished" && mkdir "$OUT/finished"  # plot.py reads the finished runs alone: links to them
-for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the tables and plots read
+  rm -rf "$OUT/finished" && mkdir "$OUT/finished"
+  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+  python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS kl/mean kl/std \
+    kl/temperature charts/eta charts/alpha_mean charts/alpha_std
+fi
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/vmpo.md
-  ls "$OUT/finished" | grep -q "^$env-v5__vmpo__" || continue
+  grep -q "^$env-v5,vmpo," <(zcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   group="^${env}-v5__(vmpo|ppo)__\d+__\d+$"
-  python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "$group" --threshold "$threshold" \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" --baseline ppo \
     --out "$ROOT/docs/img/vmpo_mujoco_$env.png" --title "V-MPO and PPO, $env-v5, 1M steps" \
     --label '^vmpo$=V-MPO' --label '^ppo$=PPO'
   for tag in kl/mean kl/std kl/temperature charts/eta charts/alpha_mean charts/alpha_std; do  # each over the last 10%
-    python "$ROOT/benchmark/plot.py" "$OUT/finished" --group "^${env}-v5__(vmpo)__\d+__\d+$" --tag "$tag" | tail -n 1
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(vmpo)__\d+__\d+$" --tag "$tag" | tail -n 1
   done
 done

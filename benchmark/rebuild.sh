@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Every table and figure of the README and docs/ from the run data committed in benchmark/results/, without event
+# files: each experiment's script with --plot (tables printed, PNGs into docs/img/). An experiment whose data is
+# not committed yet is named and skipped.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+for name in recipes ewma invariance regime staleness vmpo ppo_er torchrun mujoco mujoco_ewma vmpo_mujoco; do
+  if [ ! -e "$ROOT/benchmark/results/$name.csv.gz" ]; then
+    echo "## $name: no data in benchmark/results/ yet (bash benchmark/$name.sh runs it)"
+    continue
+  fi
+  echo "## $name"
+  bash "$ROOT/benchmark/$name.sh" --plot
+done
