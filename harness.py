@@ -141,6 +141,7 @@ class Script:
     check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the command line
     describe: Callable = describe  # (args, world_size, checkpoint) -> the start-up block's "steps" line
     run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
+    defaults: Callable = lambda args: args  # the command line's Args -> with the defaults run_args fills in
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
     run_name: Callable = default_run_name  # args -> the run directory's name, without its time
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
@@ -323,6 +324,11 @@ def start(args, script: Script) -> "Run":
     print_startup(title(script), run_args.env_id, device_note, run_dir,  # from the start-up block on
                   dict(lines, saves=saves_note(args, world_size)))
     suggest_recipe(args, script)
+    if getattr(args, "batch_divisor", 1) != 1:  # the hyperparameters --batch-divisor changed, said once
+        changes = hyperparameter_changes(script.defaults(args), script.run_args(args))
+        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
+        if checkpoint is None:
+            writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
     return run
 
 

@@ -31,11 +31,10 @@ import tyro
 
 import harness
 
+
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
-    exp_name: str = "ppg_ewma"
-    """name of this experiment, part of the run directory's name"""
-
+    # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
     distribution_mode: Literal["easy", "hard"] = "hard"
@@ -46,6 +45,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """Procgen's first level seed"""
     total_timesteps: int = 100_000_000
     """total environment steps (the paper: 100M)"""
+
+    # PPG's hyperparameters (Table 1)
     num_envs: int = 256
     """parallel environments N, the total over all torchrun workers (the paper: 4 workers x 64)"""
     num_steps: int = 256
@@ -53,53 +54,12 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     num_minibatches: int = 8
     """minibatches per policy-phase epoch M: each holds N/M envs' whole trajectories (official layout), so M
     divides N, or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
-    shuffle_samples: bool = False
-    """shuffle single samples into minibatches (policy, value and aux epochs) instead of whole env
-    trajectories (not the paper's layout)"""
     n_pi: int = 32
     """policy iterations per phase N_pi (the auxiliary buffer holds N_pi x T x N observations)"""
     update_epochs: int = 1
     """policy-phase policy epochs E_pi"""
     value_epochs: int = 1
     """policy-phase value-function epochs E_V"""
-
-    learning_rate: float = 5e-4
-    """policy-phase Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in
-    vmpo.py a KL multiplier)"""
-    adam_eps: float = 1e-8
-    """Adam epsilon"""
-    adam_beta1: float = 0.9
-    """Adam beta1"""
-    adam_beta2: float = 0.999
-    """Adam beta2"""
-    gamma: float = 0.999
-    """discount gamma"""
-    norm_reward: bool = True
-    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
-    reward_norm_gamma: float = 0.99
-    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
-    separate from --gamma"""
-    gae_lambda: float = 0.95
-    """GAE bootstrapping parameter lambda"""
-    objective: Literal["clip", "kl"] = "clip"
-    """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
-    clip_coef: float = 0.2
-    """clipping parameter epsilon"""
-    kl_coef: float = 1.0
-    """KL penalty beta for --objective kl (PPG's KL variant: 1; Fig. 2's reference line: 1/256 = 0.00390625)"""
-    ent_coef: float = 0.01
-    """entropy coefficient"""
-    vf_coef: float = 0.5
-    """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
-    max_grad_norm: Optional[float] = None
-    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
-    max_is_ratio: float = 100.0
-    """cap on the importance weight pi/pi_behav (Appendix B)"""
-    norm_adv: bool = True
-    """normalize advantages with EWMA estimates of their mean and std"""
-    adv_norm_span: float = 1.0
-    """span of the advantage mean/std EWMA, in iterations (1: this iteration's batch only)"""
-
     aux_epochs: int = 6
     """auxiliary-phase epochs E_aux"""
     aux_minibatch_size: int = 4096
@@ -112,16 +72,48 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
     """auxiliary-phase behaviour-cloning coefficient beta_clone"""
-    noise_scale: bool = False
-    """log charts/grad_noise_scale, the simple noise scale B_simple of the policy phase's gradient (McCandlish et al.,
-    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it
-    (off by default, as in ppo_ewma.py)"""
+    learning_rate: float = 5e-4
+    """policy-phase Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in
+    vmpo.py a KL multiplier)"""
+    adam_eps: float = 1e-8
+    """Adam epsilon"""
+    adam_beta1: float = 0.9
+    """Adam beta1"""
+    adam_beta2: float = 0.999
+    """Adam beta2"""
+    gamma: float = 0.999
+    """discount gamma"""
+    gae_lambda: float = 0.95
+    """GAE bootstrapping parameter lambda"""
+    clip_coef: float = 0.2
+    """clipping parameter epsilon"""
+    ent_coef: float = 0.01
+    """entropy coefficient"""
+    vf_coef: float = 0.5
+    """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
+    norm_reward: bool = True
+    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
+    reward_norm_gamma: float = 0.99
+    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
+    separate from --gamma"""
+    norm_adv: bool = True
+    """normalize advantages with EWMA estimates of their mean and std"""
+    adv_norm_span: float = 1.0
+    """span of the advantage mean/std EWMA, in iterations (1: this iteration's batch only)"""
 
+    # PPG-EWMA: the decoupled objectives (Sec. 2) with an EWMA as the proximal policy (Appendix A)
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPG-EWMA); --no-ewma: proximal = behaviour (PPG)"""
     ewma_com: float = 8.0
     """centre of mass of the proximal-policy EWMA in gradient steps, 1/(1-beta_prox) - 1 (8: beta_prox 0.889)"""
+    objective: Literal["clip", "kl"] = "clip"
+    """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
+    kl_coef: float = 1.0
+    """KL penalty beta for --objective kl (PPG's KL variant: 1; Fig. 2's reference line: 1/256 = 0.00390625)"""
+    max_is_ratio: float = 100.0
+    """cap on the importance weight pi/pi_behav (Appendix B)"""
 
+    # batch size-invariance (Sec. 4)
     batch_divisor: int = 1
     """c: divide num_envs by c and adjust the hyperparameters below for batch size-invariance (Sec. 4)"""
     adjust_lr: bool = True
@@ -136,6 +128,19 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """with --batch-divisor: raise Adam's beta1 and beta2 to the power 1/c (Appendix D)"""
     adjust_n_pi: bool = True
     """with --batch-divisor: multiply N_pi by c, so a phase keeps the same number of env steps (Sec. 4)"""
+
+    # options beyond the paper, off by default
+    exp_name: str = "ppg_ewma"
+    """name of this experiment, part of the run directory's name"""
+    shuffle_samples: bool = False
+    """shuffle single samples into minibatches (policy, value and aux epochs) instead of whole env
+    trajectories (not the paper's layout)"""
+    max_grad_norm: Optional[float] = None
+    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
+    noise_scale: bool = False
+    """log charts/grad_noise_scale, the simple noise scale B_simple of the policy phase's gradient (McCandlish et al.,
+    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it
+    (off by default, as in ppo_ewma.py)"""
 
 
 def apply_batch_divisor(args: Args) -> Args:
@@ -320,6 +325,35 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     return -torch.min(surrogate, clipped_surrogate).mean()
 
 
+def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi].
+
+    new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] (carries gradient).
+    pi/pi_behav is capped at max_is_ratio as in decoupled_clip_loss.
+    """
+    behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
+    is_ratio = torch.exp(new_logp - behav_logp)
+    return (-is_ratio * advantages + kl_coef * kl).mean()
+
+
+def value_loss(values, returns):
+    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
+    return ((values - returns) ** 2).mean()
+
+
+def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
+    """PPG's auxiliary-phase loss: L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss.
+
+    new_logits, old_logits: [B, A] (old_logits: the pre-phase policy, no gradient); aux_values (aux head),
+    values (value network), returns (V_targ): [B]. Returns
+    beta_clone * mean KL[old || new] + 0.5 mean (aux_values - returns)^2 + 0.5 mean (values - returns)^2.
+    """
+    clone_kl = categorical_kl(old_logits.detach(), new_logits).mean()
+    l_aux = 0.5 * ((aux_values - returns) ** 2).mean()  # L^aux on the policy network's auxiliary head
+    l_value = 0.5 * ((values - returns) ** 2).mean()  # L^value: the value network keeps training too
+    return beta_clone * clone_kl + l_aux + l_value
+
+
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
     """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w.
@@ -411,33 +445,12 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     return list(inds.reshape(num_minibatches, -1))
 
 
-def value_loss(values, returns):
-    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
-    return ((values - returns) ** 2).mean()
-
-
-def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
-    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi].
-
-    new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] (carries gradient).
-    pi/pi_behav is capped at max_is_ratio as in decoupled_clip_loss.
-    """
-    behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
-    is_ratio = torch.exp(new_logp - behav_logp)
-    return (-is_ratio * advantages + kl_coef * kl).mean()
-
-
-def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
-    """PPG's auxiliary-phase loss: L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss.
-
-    new_logits, old_logits: [B, A] (old_logits: the pre-phase policy, no gradient); aux_values (aux head),
-    values (value network), returns (V_targ): [B]. Returns
-    beta_clone * mean KL[old || new] + 0.5 mean (aux_values - returns)^2 + 0.5 mean (values - returns)^2.
-    """
-    clone_kl = categorical_kl(old_logits.detach(), new_logits).mean()
-    l_aux = 0.5 * ((aux_values - returns) ** 2).mean()  # L^aux on the policy network's auxiliary head
-    l_value = 0.5 * ((values - returns) ** 2).mean()  # L^value: the value network keeps training too
-    return beta_clone * clone_kl + l_aux + l_value
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
 def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generator=None):
@@ -452,6 +465,19 @@ def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generato
         t, j = inds // trajectories, inds % trajectories
         minibatches.append(((j // num_envs) * num_steps + t) * num_envs + j % num_envs)
     return minibatches
+
+
+def log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
 def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_epochs, aux_minibatch_size,
@@ -496,44 +522,19 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
 
 
 # ------------------------------------------------------------------------------------- training
-def epoch_minibatches(args: Args) -> list:
-    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
-    layout) or, with --shuffle-samples, single samples."""
-    if args.shuffle_samples:
-        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
-    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
-
-
-def log_prob_and_entropy(logits, actions):
-    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    return logp, -(log_probs.exp() * log_probs).sum(-1)
-
-
-def categorical_kl(logits_p, logits_q):
-    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
-    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer  # args: batch divisor applied
+    args = run.args  # from here on the run's Args: apply_batch_divisor's, and under torchrun this worker's share
+    envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
     prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
-    if args.batch_divisor != 1:
-        changes = harness.hyperparameter_changes(run.command_args, apply_batch_divisor(run.command_args))
-        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
-        if run.checkpoint is None:
-            writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
 
     policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
     harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
-    ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None
+    ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None  # PPG-EWMA: theta_prox
     parameters = list(policy.parameters()) + list(value_net.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
@@ -575,6 +576,8 @@ def train(args: Args) -> dict:
             phase_start = time.time()
             if ewma_policy is not None:  # Appendix A (bold): reinitialize the EWMA at every policy phase
                 ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)
+
+        # rollout: T steps of the N envs with the behaviour policy pi_behav
         obs = phase_obs[phase_iteration]
         bootstraps.zero_()
         for step in range(args.num_steps):
@@ -600,15 +603,14 @@ def train(args: Args) -> dict:
             run.after_step(global_step, info)  # finished episodes, progress
         run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
+        # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all
+        # workers); the bootstrap V is already in scaled units
         with torch.no_grad():
             next_value = value_net(next_obs.to(device))
-        # rewards scaled once per rollout as officially (torchrun: one estimate over all workers); the
-        # bootstrap V is already in scaled units
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
         phase_returns[phase_iteration] = returns.cpu()  # V_targ, reused by the auxiliary phase
-
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions, b_logits = actions.reshape(-1), logits.reshape(-1, num_actions)
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
@@ -617,6 +619,7 @@ def train(args: Args) -> dict:
             adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)
 
+        # update: the policy phase's E_pi epochs on the policy network, then E_V on the value network
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):  # E_pi epochs of the decoupled objective on the policy network
             run.updating(f"policy epoch {epoch + 1}/{args.update_epochs}")
@@ -625,10 +628,10 @@ def train(args: Args) -> dict:
                 mb_behav_logp = b_behav_logps[mb_inds]
                 new_logits = policy.get_pi(mb_obs)
                 new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
-                if ewma_policy is not None:  # pi_prox: one forward pass of the EWMA policy network
+                if ewma_policy is not None:  # PPG-EWMA: pi_prox is the EWMA network's policy
                     prox_logits = harness.in_chunks(ewma_policy.get_pi, mb_obs, prox_chunk_size)
                     prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
-                else:
+                else:  # PPG: pi_prox = pi_behav
                     prox_logits, prox_logp = b_logits[mb_inds], mb_behav_logp
                 if args.objective == "clip":
                     pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
@@ -649,7 +652,7 @@ def train(args: Args) -> dict:
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
                 optimizer.step()
-                if ewma_policy is not None:
+                if ewma_policy is not None:  # PPG-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
 
                 with torch.no_grad():
@@ -679,6 +682,20 @@ def train(args: Args) -> dict:
                 optimizer.step()
                 stats["value_loss"].append(v_loss.detach())
 
+        # auxiliary phase, after N_pi policy iterations: distil V_targ into the policy network's aux head
+        if phase_iteration == args.n_pi - 1:
+            aux_start = time.time()
+            aux_stats = auxiliary_phase(
+                policy, value_net, aux_optimizer, phase_obs, phase_returns, args.aux_epochs, args.aux_minibatch_size,
+                args.shuffle_samples, args.beta_clone, iteration, device,
+            )
+            for name, value in aux_stats.items():
+                writer.add_scalar(f"losses/{name}", value, global_step)
+            writer.add_scalar("charts/aux_learning_rate", aux_optimizer.param_groups[0]["lr"], global_step)
+            writer.add_scalar("charts/policy_phase_time", aux_start - phase_start, global_step)
+            writer.add_scalar("charts/aux_phase_time", time.time() - aux_start, global_step)
+
+        # logging
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
@@ -693,18 +710,6 @@ def train(args: Args) -> dict:
         if ewma_policy is not None:
             writer.add_scalar("charts/ewma_decay", ewma_decay, global_step)
             writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
-
-        if phase_iteration == args.n_pi - 1:  # N_pi policy iterations done: the auxiliary phase
-            aux_start = time.time()
-            aux_stats = auxiliary_phase(
-                policy, value_net, aux_optimizer, phase_obs, phase_returns, args.aux_epochs, args.aux_minibatch_size,
-                args.shuffle_samples, args.beta_clone, iteration, device,
-            )
-            for name, value in aux_stats.items():
-                writer.add_scalar(f"losses/{name}", value, global_step)
-            writer.add_scalar("charts/aux_learning_rate", aux_optimizer.param_groups[0]["lr"], global_step)
-            writer.add_scalar("charts/policy_phase_time", aux_start - phase_start, global_step)
-            writer.add_scalar("charts/aux_phase_time", time.time() - aux_start, global_step)
 
         run.end_iteration(iteration, global_step, next_obs, next_done, can_checkpoint=phase_iteration == args.n_pi - 1,
                           ewma_weight=ewma_weight)  # SPS, checkpoint

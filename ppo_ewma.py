@@ -537,7 +537,7 @@ def train(args: Args) -> dict:
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
-    report_adjustments(run)  # --batch-divisor's changes, and warnings where an option undoes them
+    warn_about_settings(args, agent.continuous)
 
     # rollout storage
     continuous, action_space = agent.continuous, envs.single_action_space
@@ -747,23 +747,16 @@ def check_args(args: Args, observation_space, action_space) -> None:
                          "--num-envs or --num-steps")
 
 
-def report_adjustments(run) -> None:
-    """Print (and log, once) --batch-divisor's changes to the hyperparameters, and warn where a setting undoes them
-    or, for continuous actions, where the EWMA is younger than the ages measured to hold on MuJoCo."""
-    args = run.args
+def warn_about_settings(args: Args, continuous: bool) -> None:
+    """Warn where a setting undoes --batch-divisor's adjustments or, for continuous actions, where the EWMA is
+    younger than the ages measured to hold on MuJoCo."""
     if args.batch_divisor != 1:
-        command_args = with_defaults(run.command_args)
-        changes = harness.hyperparameter_changes(command_args, apply_batch_divisor(command_args))
-        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
-        if run.checkpoint is None:
-            run.writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
         if args.update_epochs > 1:
             print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
                   f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
         if args.lr_schedule == "kl-adaptive":
             print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
                   "size, and so undoes the batch divisor's step-size adjustment.")
-    continuous = isinstance(run.envs.single_action_space, gym.spaces.Box)
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
@@ -778,8 +771,8 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
-                        flag_ranges=FLAG_RANGES, check_args=check_args, run_args=apply_batch_divisor,
-                        worker_share=harness.worker_share, procgen=True, actions="any")
+                        flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
+                        run_args=apply_batch_divisor, worker_share=harness.worker_share, procgen=True, actions="any")
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))
