@@ -27,13 +27,13 @@ import harness
 
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
-    exp_name: str = "ppo_er"
-    """name of this experiment, part of the run directory's name"""
-
+    # the experiment: MuJoCo, 1M steps
     env_id: str = "HalfCheetah-v5"
     """a Gymnasium env with vector observations and continuous (Box) actions"""
     total_timesteps: int = 1_000_000
     """total environment steps"""
+
+    # PPO-ER's hyperparameters (Table II)
     num_envs: int = 1
     """actors K (Table II: 1 or 8)"""
     num_steps: int = 2048
@@ -46,7 +46,6 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """epochs T over the replay memory per iteration (Table II)"""
     replay_batches: int = 2
     """replay policy depth L: batches kept in memory (the paper: 2; 1 is PPO)"""
-
     learning_rate: float = 3e-4
     """Adam step size beta before annealing (Table II: 3e-4 alpha). Here alpha is the annealing factor (1 -> 0);
     vmpo.py's alpha is a KL multiplier, the batch-size-invariance paper's a step size"""
@@ -56,17 +55,21 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """anneal step size and clip factor with alpha going linearly from 1 to 0 over training (Sec. V)"""
     gamma: float = 0.99
     """discount gamma"""
-    norm_obs: Annotated[bool, tyro.conf.FlagConversionOff] = True
-    """normalize each env's observations by running statistics, then clip them to +-10 (as ppo_ewma.py; the paper
-    does not say)"""
-    norm_reward: bool = True
-    """scale rewards by a running std of the discounted return (common PPO practice; the paper does not say)"""
     gae_lambda: float = 0.95
     """TD parameter lambda of GAE and of the TD(lambda) targets"""
     clip_coef: float = 0.2
     """clipping factor epsilon before annealing (Table II: 0.2 alpha)"""
     vf_coef: float = 1.0
     """value loss coefficient c of eq. (16) (the paper: 1, separate networks)"""
+
+    # options beyond the paper (common PPO practice where it is on)
+    exp_name: str = "ppo_er"
+    """name of this experiment, part of the run directory's name"""
+    norm_obs: Annotated[bool, tyro.conf.FlagConversionOff] = True
+    """normalize each env's observations by running statistics, then clip them to +-10 (as ppo_ewma.py; the paper
+    does not say)"""
+    norm_reward: bool = True
+    """scale rewards by a running std of the discounted return (common PPO practice; the paper does not say)"""
     ent_coef: float = 0.0
     """entropy bonus coefficient (not in the paper, which uses none)"""
     max_grad_norm: Optional[float] = None
@@ -214,7 +217,8 @@ def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    args = run.args  # from here on the run's Args: with --resume, the checkpoint's
+    envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
 
     agent = Agent(envs).to(device)
@@ -248,7 +252,8 @@ def train(args: Args) -> dict:
             clip_coef = linear_schedule(args.clip_coef, iteration, num_iterations)
         optimizer.param_groups[0]["lr"] = learning_rate
 
-        for step in range(args.num_steps):  # Algorithm 1, line 3: K actors, N/K steps each
+        # rollout: Algorithm 1, line 3: K actors, N/K steps each
+        for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
@@ -287,6 +292,7 @@ def train(args: Args) -> dict:
         b_obs, b_actions, b_advantages, b_returns = data["obs"], data["actions"], data["advantages"], data["returns"]
         b_fresh = data["age"] == 0
 
+        # update: lines 8-16
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         ratio_max = torch.zeros((), device=device)
         clipped, counted = torch.zeros(2, device=device), torch.zeros(2, device=device)  # [fresh, replayed]
@@ -327,6 +333,7 @@ def train(args: Args) -> dict:
                         clipped[age_group] += is_clipped[mask].sum()
                         counted[age_group] += mask.sum()
 
+        # logging
         fresh_returns, fresh_values = returns.reshape(-1), values.reshape(-1)
         var_returns = fresh_returns.var()
         explained_var = (1 - (fresh_returns - fresh_values).var() / var_returns).item() if var_returns > 0 else math.nan

@@ -29,9 +29,7 @@ import harness
 
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
-    exp_name: str = "ppo_staleness"
-    """name of this experiment, part of the run directory's name (with objective and staleness)"""
-
+    # the paper's experiment (Sec. 5.1): Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
     distribution_mode: Literal["easy", "hard"] = "hard"
@@ -42,6 +40,15 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """Procgen's first level seed"""
     total_timesteps: int = 100_000_000
     """total environment steps, warm-up included (the paper: 100M)"""
+
+    # staleness and the three objectives of Fig. 1
+    staleness: int = 4
+    """k: train on each rollout k iterations after it was collected (0: plain PPO); the k warm-up rollouts are
+    extra, as in the official code: the run trains on total_timesteps of data and collects k batches more"""
+    objective: Literal["recent", "decoupled", "behavior"] = "decoupled"
+    """which policy is pi_old: recent (Fig. 1a), decoupled prox=recent/IS=behav (Fig. 1b), behavior (Fig. 1c)"""
+
+    # PPO's hyperparameters (Table 1)
     num_envs: int = 256
     """parallel environments N, the total over all torchrun workers (the paper: 4 workers x 64)"""
     num_steps: int = 256
@@ -49,11 +56,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     num_minibatches: int = 8
     """minibatches per epoch M: each holds N/M envs' whole trajectories (official layout), so M divides N,
     or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
-    shuffle_samples: bool = False
-    """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
     update_epochs: int = 3
     """policy epochs E"""
-
     learning_rate: float = 5e-4
     """Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in vmpo.py a KL
     multiplier)"""
@@ -65,11 +69,6 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """Adam beta2"""
     gamma: float = 0.999
     """discount gamma"""
-    norm_reward: bool = True
-    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
-    reward_norm_gamma: float = 0.99
-    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
-    separate from --gamma"""
     gae_lambda: float = 0.95
     """GAE bootstrapping parameter lambda"""
     clip_coef: float = 0.2
@@ -78,18 +77,23 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """entropy coefficient"""
     vf_coef: float = 0.5
     """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
-    max_grad_norm: Optional[float] = None
-    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     max_is_ratio: float = 100.0
     """cap on the importance weight pi/pi_behav (Appendix B, for the staleness experiments)"""
+    norm_reward: bool = True
+    """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
+    reward_norm_gamma: float = 0.99
+    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
+    separate from --gamma"""
     norm_adv: bool = True
     """normalize advantages with the mean and std of the whole batch"""
 
-    staleness: int = 4
-    """k: train on each rollout k iterations after it was collected (0: plain PPO); the k warm-up rollouts are
-    extra, as in the official code: the run trains on total_timesteps of data and collects k batches more"""
-    objective: Literal["recent", "decoupled", "behavior"] = "decoupled"
-    """which policy is pi_old: recent (Fig. 1a), decoupled prox=recent/IS=behav (Fig. 1b), behavior (Fig. 1c)"""
+    # options beyond the paper, off by default
+    exp_name: str = "ppo_staleness"
+    """name of this experiment, part of the run directory's name (with objective and staleness)"""
+    shuffle_samples: bool = False
+    """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
+    max_grad_norm: Optional[float] = None
+    """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
 
 
 # ---------------------------------------------------------------------------------- environment
@@ -347,7 +351,8 @@ def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    args = run.args  # from here on the run's Args: under torchrun, this worker's share
+    envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
@@ -383,6 +388,7 @@ def train(args: Args) -> dict:
         dones = torch.zeros((args.num_steps, args.num_envs), device=device)
         values = torch.zeros((args.num_steps, args.num_envs), device=device)
 
+        # rollout: T steps of the N envs with the current weights, which become pi_behav once the rollout is stale
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
@@ -442,6 +448,7 @@ def train(args: Args) -> dict:
             b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 
+        # update: E epochs of M minibatches on the objective's L^CLIP
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
@@ -479,6 +486,7 @@ def train(args: Args) -> dict:
                     ):
                         stats[name].append(value.detach())
 
+        # logging
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)

@@ -36,9 +36,7 @@ MULTIPLIER_MIN = 1e-8  # eta_min = alpha_min (Sec. 4.2.2)
 
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
-    exp_name: str = "vmpo"
-    """name of this experiment, part of the run directory's name"""
-
+    # the experiment: Procgen (the paper has none: ppo_ewma.py's setting), or a Gymnasium env
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and Discrete or Box actions"""
     distribution_mode: Literal["easy", "hard"] = "hard"
@@ -49,6 +47,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """Procgen's first level seed"""
     total_timesteps: int = 100_000_000
     """total environment steps (not in the paper, which has no Procgen: ppo_ewma.py's budget)"""
+
+    # V-MPO's hyperparameters (Sec. 4, Appendix F)
     num_envs: int = 256
     """parallel environments N (not in the paper: ppo_ewma.py's Procgen setting)"""
     num_steps: int = 256
@@ -60,7 +60,6 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     target_period: int = 0
     """T_target: target <- online every this many learning steps; 0 means once per iteration, after
     all of its update_epochs x num_minibatches learning steps"""
-
     learning_rate: float = 1e-4
     """Adam step size (the paper: 1e-4 in all experiments)"""
     multiplier_lr: Optional[float] = None
@@ -71,16 +70,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """discount gamma (not in the paper: the Procgen convention of ppo_ewma.py)"""
     gae_lambda: float = 1.0
     """lambda of compute_gae; 1 gives the paper's n-step returns bootstrapped at the unroll's end"""
-    norm_obs: Optional[bool] = None
-    """normalize each env's vector observations by running statistics, then clip them to +-10 (as ppo_ewma.py; not
-    in the paper); default: on for Box actions, off for discrete ones"""
-    norm_reward: bool = True
-    """scale rewards by a running std of the discounted return (not in the paper, which relies on PopArt)"""
     popart: bool = True
     """PopArt value normalization (Sec. 4.1)"""
     popart_beta: float = 1e-4
     """step size of PopArt's mean and second-moment statistics (the paper: 1e-4)"""
-
     top_k_fraction: float = 0.5
     """fraction of each minibatch, by largest advantage, used by the E-step (the paper: top 50%)"""
     eta_init: float = 1.0
@@ -102,6 +95,15 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     eps_alpha_std: float = 5e-5
     """bound epsilon_alpha_Sigma on the std's KL (the paper's Gym table, Appendix F: log-uniform in [5e-6, 5e-5);
     here its upper end, since runs of 1M steps are short)"""
+
+    # options beyond the paper
+    exp_name: str = "vmpo"
+    """name of this experiment, part of the run directory's name"""
+    norm_obs: Optional[bool] = None
+    """normalize each env's vector observations by running statistics, then clip them to +-10 (as ppo_ewma.py; not
+    in the paper); default: on for Box actions, off for discrete ones"""
+    norm_reward: bool = True
+    """scale rewards by a running std of the discounted return (not in the paper, which relies on PopArt)"""
     min_std: float = 1e-3
     """Gaussian std = softplus(head output) + min_std (not in the paper: keeps log-probs finite)"""
 
@@ -391,7 +393,8 @@ def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    args = run.args  # from here on the run's Args: with --resume, the checkpoint's
+    envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
@@ -477,6 +480,7 @@ def train(args: Args) -> dict:
         b_actions = actions.reshape((-1,) + action_shape)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
 
+        # update: E epochs of M learning steps, each an E-step and an M-step (Sec. 4.2)
         stats = defaultdict(list)  # tag -> one value per learning step
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
@@ -524,6 +528,7 @@ def train(args: Args) -> dict:
                     for name in alphas:
                         stats[f"kl/{name}"].append(kls[name].mean().detach())
 
+        # logging
         var_returns = b_returns.var()
         explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
