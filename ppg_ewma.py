@@ -547,17 +547,14 @@ def train(args: Args) -> dict:
     num_actions = envs.single_action_space.n
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
     # auxiliary phase; empty: the OS commits the pages only as the first phase fills them
+    obs_dtype, steps = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
     obs_shape = envs.single_observation_space.shape
-    obs_dtype = harness.obs_dtype(envs)
-    phase_obs = torch.empty((args.n_pi, args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype)
-    phase_returns = torch.zeros((args.n_pi, args.num_steps, args.num_envs))
-    actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-    logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)  # --no-ewma --objective kl
-    behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
-    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    phase_obs = torch.empty((args.n_pi,) + steps + obs_shape, dtype=obs_dtype)
+    phase_returns = torch.zeros((args.n_pi,) + steps)
+    actions = torch.zeros(steps, dtype=torch.long, device=device)
+    behav_pis = torch.zeros(steps + (num_actions,), device=device)  # --no-ewma --objective kl
+    behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
+    bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype)
@@ -585,10 +582,10 @@ def train(args: Args) -> dict:
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_obs = next_obs.to(device)
-                step_logits, values[step] = policy.get_pi(step_obs), value_net(step_obs)
-            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
-            actions[step], logits[step] = action, step_logits
-            behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
+                step_pi, values[step] = policy.get_pi(step_obs), value_net(step_obs)
+            action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
+            actions[step], behav_pis[step] = action, step_pi
+            behav_logps[step] = log_prob_and_entropy(step_pi, action)[0]
 
             next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
@@ -612,7 +609,7 @@ def train(args: Args) -> dict:
                                           args.gamma, args.gae_lambda)
         phase_returns[phase_iteration] = returns.cpu()  # V_targ, reused by the auxiliary phase
         b_obs = obs.reshape((-1,) + obs_shape)
-        b_actions, b_logits = actions.reshape(-1), logits.reshape(-1, num_actions)
+        b_actions, b_behav_pis = actions.reshape(-1), behav_pis.reshape(-1, num_actions)
         b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
@@ -626,18 +623,18 @@ def train(args: Args) -> dict:
             for mb_inds in epoch_minibatches(args):
                 mb_obs, mb_advantages = b_obs[mb_inds].to(device), b_advantages[mb_inds]
                 mb_behav_logp = b_behav_logps[mb_inds]
-                new_logits = policy.get_pi(mb_obs)
-                new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
+                new_pi = policy.get_pi(mb_obs)
+                new_logp, entropy = log_prob_and_entropy(new_pi, b_actions[mb_inds])
                 if ewma_policy is not None:  # PPG-EWMA: pi_prox is the EWMA network's policy
-                    prox_logits = harness.in_chunks(ewma_policy.get_pi, mb_obs, prox_chunk_size)
-                    prox_logp = log_prob_and_entropy(prox_logits, b_actions[mb_inds])[0]
+                    prox_pi = harness.in_chunks(ewma_policy.get_pi, mb_obs, prox_chunk_size)
+                    prox_logp = log_prob_and_entropy(prox_pi, b_actions[mb_inds])[0]
                 else:  # PPG: pi_prox = pi_behav
-                    prox_logits, prox_logp = b_logits[mb_inds], mb_behav_logp
+                    prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
                 if args.objective == "clip":
                     pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
                                                   args.clip_coef, args.max_is_ratio)
                 else:
-                    kl = categorical_kl(prox_logits, new_logits)  # KL[pi_prox || pi]
+                    kl = categorical_kl(prox_pi, new_pi)  # KL[pi_prox || pi]
                     pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
                                                 args.max_is_ratio)
                 entropy_loss = entropy.mean()

@@ -228,13 +228,10 @@ def train(args: Args) -> dict:
     action_low = torch.as_tensor(envs.single_action_space.low, device=device)
     action_high = torch.as_tensor(envs.single_action_space.high, device=device)
 
-    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, device=device)
-    actions = torch.zeros((args.num_steps, args.num_envs) + action_shape, device=device)
-    behav_means = torch.zeros((args.num_steps, args.num_envs) + action_shape, device=device)
-    behav_log_stds = torch.zeros((args.num_steps, args.num_envs) + action_shape, device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    steps = (args.num_steps, args.num_envs)  # [T, N]
+    obs = torch.zeros(steps + obs_shape, device=device)
+    actions, behav_means, behav_log_stds = (torch.zeros(steps + action_shape, device=device) for _ in range(3))
+    rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(3))
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)

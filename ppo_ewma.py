@@ -182,11 +182,7 @@ def apply_batch_divisor(args: Args) -> Args:
 
 # ---------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train()).
-
-    --norm-obs normalizes each env's observations inside the autoreset, so that info["final_obs"] is normalized
-    too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10.
-    """
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
     if args.env_id in harness.PROCGEN_GAMES:
         envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
                                      args.distribution_mode, args.seed, render_mode)
@@ -544,18 +540,14 @@ def train(args: Args) -> dict:
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
         action_high = torch.as_tensor(action_space.high, device=device)
-    obs_dtype = harness.obs_dtype(envs)
+    obs_dtype, steps = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
     obs_shape, action_shape = envs.single_observation_space.shape, action_space.shape
-    obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
-    action_dtype = torch.float32 if continuous else torch.long
-    actions = torch.zeros((args.num_steps, args.num_envs) + action_shape, dtype=action_dtype, device=device)
+    obs = torch.zeros(steps + obs_shape, dtype=obs_dtype, device=device)
+    actions = torch.zeros(steps + action_shape, dtype=torch.float32 if continuous else torch.long, device=device)
     pi_size = 2 * int(np.prod(action_shape)) if continuous else action_space.n
-    behav_pis = torch.zeros((args.num_steps, args.num_envs, pi_size), device=device)  # --no-ewma --objective kl
-    behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
-    rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-    bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)  # gamma V(final obs) at truncations
-    dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-    values = torch.zeros((args.num_steps, args.num_envs), device=device)
+    behav_pis = torch.zeros(steps + (pi_size,), device=device)  # --no-ewma --objective kl
+    behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
+    bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)

@@ -316,7 +316,7 @@ class Rollout(NamedTuple):
 
     obs: torch.Tensor  # [T, N, *obs_shape], the env's dtype
     actions: torch.Tensor  # [T, N]
-    logits: torch.Tensor  # [T, N, A] of pi_behav
+    behav_pis: torch.Tensor  # [T, N, A], pi_behav's logits
     behav_logps: torch.Tensor  # [T, N]
     values: torch.Tensor  # [T, N], V predicted at collection time
     rewards: torch.Tensor  # [T, N], raw: normalized when the rollout is trained on, as officially
@@ -379,24 +379,22 @@ def train(args: Args) -> dict:
 
     for iteration in range(first_iteration, last_iteration + 1):
         # fresh storage every iteration: the queue keeps each rollout until it is trained on
-        obs = torch.zeros((args.num_steps, args.num_envs) + obs_shape, dtype=obs_dtype, device=device)
-        actions = torch.zeros((args.num_steps, args.num_envs), dtype=torch.long, device=device)
-        logits = torch.zeros((args.num_steps, args.num_envs, num_actions), device=device)
-        behav_logps = torch.zeros((args.num_steps, args.num_envs), device=device)
-        rewards = torch.zeros((args.num_steps, args.num_envs), device=device)
-        bootstraps = torch.zeros((args.num_steps, args.num_envs), device=device)
-        dones = torch.zeros((args.num_steps, args.num_envs), device=device)
-        values = torch.zeros((args.num_steps, args.num_envs), device=device)
+        steps = (args.num_steps, args.num_envs)  # [T, N]
+        obs = torch.zeros(steps + obs_shape, dtype=obs_dtype, device=device)
+        actions = torch.zeros(steps, dtype=torch.long, device=device)
+        behav_pis = torch.zeros(steps + (num_actions,), device=device)
+        behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
+        bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
 
         # rollout: T steps of the N envs with the current weights, which become pi_behav once the rollout is stale
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                step_logits, values[step] = agent(next_obs)
-            action = torch.distributions.Categorical(logits=step_logits, validate_args=False).sample()  # no device sync
-            actions[step], logits[step] = action, step_logits
-            behav_logps[step] = log_prob_and_entropy(step_logits, action)[0]
+                step_pi, values[step] = agent(next_obs)
+            action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
+            actions[step], behav_pis[step] = action, step_pi
+            behav_logps[step] = log_prob_and_entropy(step_pi, action)[0]
 
             next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
@@ -412,7 +410,7 @@ def train(args: Args) -> dict:
         run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
         # queued rollouts wait in host memory, which holds many more of them than a GPU would
-        rollout = Rollout(obs, actions, logits, behav_logps, values, rewards, bootstraps, dones, next_obs, next_done)
+        rollout = Rollout(obs, actions, behav_pis, behav_logps, values, rewards, bootstraps, dones, next_obs, next_done)
         stale = queue.push(Rollout(*(x.cpu() for x in rollout)))
         if stale is None:  # warm-up: the first k iterations only collect
             run.end_iteration(iteration, global_step, next_obs, next_done, queued=len(queue.rollouts),
@@ -432,7 +430,7 @@ def train(args: Args) -> dict:
                                           stale.next_done, args.gamma, args.gae_lambda)
 
         b_obs = stale.obs.reshape((-1,) + obs_shape)
-        b_actions, b_logits = stale.actions.reshape(-1), stale.logits.reshape(-1, num_actions)
+        b_actions, b_behav_pis = stale.actions.reshape(-1), stale.behav_pis.reshape(-1, num_actions)
         b_behav_logps, b_advantages = stale.behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), stale.values.reshape(-1)
         if args.norm_adv:  # full-batch normalization (the EwmaMoments of ppo_ewma.py with span 1)
@@ -442,10 +440,10 @@ def train(args: Args) -> dict:
         # pi_recent: the weights before this iteration's updates, computed once and held fixed.
         # With k = 0 they are the weights that just collected the rollout: pi_recent = pi_behav.
         if args.staleness == 0:
-            b_recent_logits, b_recent_logps = b_logits, b_behav_logps
+            b_recent_pis, b_recent_logps = b_behav_pis, b_behav_logps
         else:
-            b_recent_logits = harness.in_chunks(agent.get_pi, b_obs, recent_chunk_size)
-            b_recent_logps = log_prob_and_entropy(b_recent_logits, b_actions)[0]
+            b_recent_pis = harness.in_chunks(agent.get_pi, b_obs, recent_chunk_size)
+            b_recent_logps = log_prob_and_entropy(b_recent_pis, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 
         # update: E epochs of M minibatches on the objective's L^CLIP
@@ -454,8 +452,8 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
-                new_logits, new_value = agent(b_obs[mb_inds])
-                new_logp, entropy = log_prob_and_entropy(new_logits, b_actions[mb_inds])
+                new_pi, new_value = agent(b_obs[mb_inds])
+                new_logp, entropy = log_prob_and_entropy(new_pi, b_actions[mb_inds])
                 prox_logp, is_logp = b_prox_logps[mb_inds], b_is_logps[mb_inds]
 
                 # L^CLIP_decoupled with pi_prox, pi_behav := the two policies the objective picked
@@ -481,8 +479,8 @@ def train(args: Args) -> dict:
                         ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
                         ("is_capped_frac", (new_logp - is_logp > math.log(args.max_is_ratio)).float().mean()),
                         # exact KL[pi_behav || pi] and KL[pi_recent || pi] over the minibatch's states
-                        ("kl_behav", categorical_kl(b_logits[mb_inds], new_logits).mean()),
-                        ("kl_recent", categorical_kl(b_recent_logits[mb_inds], new_logits).mean()),
+                        ("kl_behav", categorical_kl(b_behav_pis[mb_inds], new_pi).mean()),
+                        ("kl_recent", categorical_kl(b_recent_pis[mb_inds], new_pi).mean()),
                     ):
                         stats[name].append(value.detach())
 
