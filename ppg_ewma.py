@@ -64,17 +64,14 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """auxiliary-phase epochs E_aux"""
     aux_minibatch_size: int = 4096
     """auxiliary-phase minibatch size in samples, made of whole trajectories like the official code's (16 of
-    T = 256 steps: its 4 per worker x 4 workers); kept under --batch-divisor (Appendix B). The total over torchrun
-    workers: each of W takes aux_minibatch_size / W from its own phase buffer (the official 4 trajectories at W = 4),
-    so W changes nothing. The paper's 1-worker runs (--batch-divisor 4 and up) kept 4 trajectories per worker
-    instead: add --aux-minibatch-size 1024 --aux-learning-rate 2.5e-4 for them"""
+    T = 256 steps); kept under --batch-divisor (Appendix B); the total over torchrun workers, each of W taking
+    aux_minibatch_size / W from its own phase buffer (the paper's 1-worker runs: docs/torchrun.md)"""
     aux_learning_rate: float = 5e-4
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
     """auxiliary-phase behaviour-cloning coefficient beta_clone"""
     learning_rate: float = 5e-4
-    """policy-phase Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in
-    vmpo.py a KL multiplier)"""
+    """policy-phase Adam step size alpha"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     adam_beta1: float = 0.9
@@ -148,9 +145,6 @@ def apply_batch_divisor(args: Args) -> Args:
 
     The auxiliary phase is left alone (Appendix B): with N_pi x c its buffer holds the same samples,
     and it keeps its absolute minibatch size and step size, so it runs exactly as at the default size.
-    (The paper kept the minibatch per worker: going from 4 workers to 1 shrank the aux minibatch 4x, for
-    which it halved the aux step size. Here --aux-minibatch-size is the total over the torchrun workers, so
-    neither changes with the number of workers either.)
     """
     c = args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
@@ -736,22 +730,12 @@ def check_args(args: Args, observation_space, action_space) -> None:
             f"--num-envs {adjusted.num_envs} x --num-steps {num_steps}) into whole trajectories (a multiple of "
             f"--num-steps) or equal pieces of one (a divisor of --num-steps)."
         )
-    harness.check_memory(aux_buffer_bytes(adjusted), False, "The auxiliary phase's buffers (host memory)",
+    # the auxiliary phase keeps N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for Procgen), and with each
+    # a float32 value target and the pre-phase policy's float32 logits
+    obs_bytes = math.prod(observation_space.shape) * np.dtype(observation_space.dtype).itemsize
+    harness.check_memory(phase_size * (obs_bytes + 4 + 4 * action_space.n), False,
+                         "The auxiliary phase's buffers (host memory)",
                          "--n-pi, --num-envs or --num-steps (--batch-divisor keeps them the same)")
-
-
-def aux_buffer_bytes(args: Args) -> int:
-    """Bytes the auxiliary phase keeps: N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for
-    Procgen), plus a float32 value target and the pre-phase policy's float32 logits per observation."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        obs_bytes, num_actions = 64 * 64 * 3, 15
-    else:
-        env = gym.make(args.env_id)
-        space, num_actions = env.observation_space, getattr(env.action_space, "n", 0)
-        obs_bytes = int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
-        env.close()
-    return args.n_pi * args.num_steps * args.num_envs * (obs_bytes + 4 + 4 * int(num_actions))
-
 
 
 def describe(args: Args, world_size: int, checkpoint) -> str:

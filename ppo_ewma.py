@@ -62,8 +62,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     update_epochs: int = 3
     """policy epochs E"""
     learning_rate: float = 5e-4
-    """Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in vmpo.py a KL
-    multiplier)"""
+    """Adam step size alpha"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     adam_beta1: float = 0.9

@@ -59,8 +59,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     update_epochs: int = 3
     """policy epochs E"""
     learning_rate: float = 5e-4
-    """Adam step size alpha (this paper's symbol; in ppo_er.py alpha is an annealing factor, in vmpo.py a KL
-    multiplier)"""
+    """Adam step size alpha"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     adam_beta1: float = 0.9
@@ -520,7 +519,6 @@ def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
     per_step = obs_bytes + 8 + 4 * (num_actions + 4)  # obs, int64 action, logits, logp, value, reward, done
     per_rollout = num_steps * num_envs * per_step + num_envs * (obs_bytes + 4)  # + next_obs, next_done
     return (staleness + 1) * per_rollout
-
 
 
 def count_iterations(args: Args, world_size: int, checkpoint) -> int:
