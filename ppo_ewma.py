@@ -152,12 +152,11 @@ def with_defaults(args: Args) -> Args:
     the paper's: entropy coefficient 0.01, centre of mass 8 (beta_prox 0.889), pixels / 255 unnormalized. Box
     actions take the PPO paper's MuJoCo entropy coefficient 0, normalized observations, and a centre of mass of
     three iterations' E x M (measured on MuJoCo: docs/ppo_ewma.md)."""
-    continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
-    return dataclasses.replace(
-        args, ent_coef=(0.0 if continuous else 0.01) if args.ent_coef is None else args.ent_coef,
-        ewma_com=(3.0 * args.update_epochs * args.num_minibatches if continuous else 8.0) if args.ewma_com is None
-        else args.ewma_com,
-        norm_obs=continuous if args.norm_obs is None else args.norm_obs)
+    if isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box):
+        defaults = dict(ent_coef=0.0, ewma_com=3.0 * args.update_epochs * args.num_minibatches, norm_obs=True)
+    else:  # the paper's
+        defaults = dict(ent_coef=0.01, ewma_com=8.0, norm_obs=False)
+    return dataclasses.replace(args, **{name: value for name, value in defaults.items() if getattr(args, name) is None})
 
 
 def apply_batch_divisor(args: Args) -> Args:
