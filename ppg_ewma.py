@@ -522,7 +522,7 @@ def train(args: Args) -> dict:
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
     args = run.args  # from here on the run's Args: apply_batch_divisor's, and under torchrun this worker's share
     envs, device, writer = run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
+    _, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
     prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
 

@@ -219,7 +219,7 @@ def train(args: Args) -> dict:
     run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
     args = run.args  # from here on the run's Args: with --resume, the checkpoint's
     envs, device, writer = run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
+    _, minibatch_size, num_iterations = harness.batch_sizes(args)
 
     agent = Agent(envs).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
