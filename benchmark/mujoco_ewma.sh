@@ -74,8 +74,9 @@ fi
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
   grep -q "^$env-v5," <(zcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
+  compare=$(grep -q "^$env-v5,ppo," <(zcat "$DATA") && echo "--baseline ppo --margin 0.15" || true)  # once PPO ran
   group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
-  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" --baseline ppo --margin 0.15 \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" $compare \
     --out "$ROOT/docs/img/mujoco_ewma_$env.png" --title "PPO-EWMA's centre of mass, $env-v5, 1M steps" \
     --label '^ppo$=PPO' --label '^ppo-tkl$=PPO, --target-kl 0.02' --label '^com(\d+)$=PPO-EWMA, centre of mass \1' \
     --label '^com(\d+)-tkl$=PPO-EWMA, centre of mass \1, --target-kl 0.02'

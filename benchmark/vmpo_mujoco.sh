@@ -51,8 +51,9 @@ fi
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/vmpo.md
   grep -q "^$env-v5,vmpo," <(zcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
+  compare=$(grep -q "^$env-v5,ppo," <(zcat "$DATA") && echo "--baseline ppo" || true)  # once PPO has a run there
   group="^${env}-v5__(vmpo|ppo)__\d+__\d+$"
-  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" --baseline ppo \
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" $compare \
     --out "$ROOT/docs/img/vmpo_mujoco_$env.png" --title "V-MPO and PPO, $env-v5, 1M steps" \
     --label '^vmpo$=V-MPO' --label '^ppo$=PPO'
   for tag in kl/mean kl/std kl/temperature charts/eta charts/alpha_mean charts/alpha_std; do  # each over the last 10%
