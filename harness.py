@@ -1,9 +1,7 @@
-"""Run plumbing for the scripts of this repository: what every run needs and no paper describes.
-
-Flag and memory checks, device, seeds, run directory, start-up block, progress, TensorBoard, checkpoints and
---resume, Ctrl-C, --eval-checkpoint with video, and the torchrun helpers; and what several scripts build with
-but no paper describes: the Procgen adapter, Gymnasium's vector envs, chunked no-grad passes and the gradient
-noise scale. A script describes itself in a `Script` and calls, from train():
+"""Run plumbing for the scripts of this repository: what every run needs and no paper describes (checks, device,
+run directory, progress, checkpoints, evaluation, torchrun), and what several scripts build with (the Procgen
+adapter, vector envs, chunked passes, the gradient noise scale). A script describes itself in a `Script` and
+calls, from train():
 
     run = harness.start(args, SCRIPT)                 # everything before the algorithm's first line
     global_step, first_iteration, next_obs, next_done = run.restore(harness.Saved(...), next_obs, next_done)
@@ -24,7 +22,6 @@ import os
 import pickle
 import platform
 import random
-import re
 import shlex
 import shutil
 import signal
@@ -91,10 +88,6 @@ class RunArgs:
     """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
 
 
-def default_run_name(args) -> str:
-    return f"{args.env_id}__{args.exp_name}__{args.seed}"
-
-
 def batch_sizes(args, world_size: int = 1) -> tuple[int, int, int]:
     """(batch_size, minibatch_size, num_iterations) of Args (torchrun: a worker's Args, and W workers)."""
     batch_size = args.num_envs * world_size * args.num_steps
@@ -143,7 +136,7 @@ class Script:
     run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
     defaults: Callable = lambda args: args  # the command line's Args -> with the defaults run_args fills in
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
-    run_name: Callable = default_run_name  # args -> the run directory's name, without its time
+    run_name: Callable = lambda args: f"{args.env_id}__{args.exp_name}__{args.seed}"  # the run directory's, less time
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
@@ -166,10 +159,7 @@ PROCGEN_GAMES = (
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
     """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions, levels seeded.
-
-    Procgen resets a finished level inside `step`, so the observation returned with done=True is
-    already the next episode's first one (SAME_STEP autoreset). Procgen never truncates.
-    """
+    Procgen resets a finished level inside `step` (SAME_STEP autoreset) and never truncates."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
@@ -236,23 +226,19 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
 
 
 def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
-    """Unbiased estimates (|G|^2, tr(Sigma)) from the squared norms of gradients over two batch sizes (McCandlish
-    et al., 2018, App. A): |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small) and
-    tr(Sigma) = (|G_small|^2 - |G_big|^2) / (1/B_small - 1/B_big). The simple noise scale B_simple = tr(Sigma) / |G|^2.
-    """
+    """Unbiased (|G|^2, tr(Sigma)) from gradients' squared norms over two batch sizes (McCandlish et al., 2018, App. A):
+    |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), tr(Sigma) = (|G_small|^2 - |G_big|^2) /
+    (1/B_small - 1/B_big)."""
     grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
     trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
     return grad_sq, trace
 
 
 class GradientNoiseScale:
-    """--noise-scale, a diagnostic: B_simple of the gradient the optimizer steps on. In each epoch, the squared norm
-    of every minibatch's gradient (B_small = the minibatch) and of their mean (B_big = the epoch's samples) give one
-    estimate of |G|^2 and tr(Sigma); both are averaged over the iteration's epochs and smoothed by an EWMA over
-    iterations (decay) before their ratio is taken, as McCandlish et al. recommend. Batch size-invariance is expected
-    while minibatches are well below it. The |G|^2 estimate of one epoch is often negative once the policy nears a
-    stationary point, so the ratio is nan while the EWMA of |G|^2 is not positive; averaging the two parts over a
-    longer window is then the steadier read."""
+    """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
+    minibatch gradients (B_small) and their mean (B_big: the epoch) give one estimate of both parts, averaged over the
+    iteration's epochs and smoothed by an EWMA over iterations before the ratio is taken, as McCandlish et al.
+    recommend; the ratio is nan while the EWMA of |G|^2 (often negative near a stationary point) is not positive."""
 
     def __init__(self, decay=0.9):
         self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
@@ -369,10 +355,8 @@ def saves_note(args, world_size: int) -> str:
 
 
 class Run:
-    """A run in progress: its Args, device, envs, run directory and writer, and the hooks train() calls.
-
-    args: the Args this process trains with (the script's run_args of the command line's, and a torchrun worker's
-    share); command_args: the command line's (or the resumed checkpoint's), which checkpoints keep."""
+    """A run in progress and the hooks train() calls. args: the Args this process trains with (run_args of the
+    command line's, a torchrun worker's share); command_args: the command line's or --resume's, kept in checkpoints."""
 
     def __init__(self, script, command_args, args, checkpoint, rank, world_size, device, envs, run_dir, writer):
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
@@ -386,9 +370,8 @@ class Run:
             self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
     def restore(self, saved: Saved, next_obs, next_done, num_iterations: Optional[int] = None) -> tuple:
-        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs. num_iterations:
-        the run's length, by default batch_sizes'. Returns (global_step, first iteration to run, next_obs,
-        next_done)."""
+        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs (num_iterations:
+        by default batch_sizes'). Returns (global_step, first iteration to run, next_obs, next_done)."""
         batch_size, _, default_iterations = batch_sizes(self.args, self.world_size)
         self.saved, self.num_iterations = saved, num_iterations or default_iterations
         global_step, first_iteration = 0, 1
@@ -452,17 +435,15 @@ class Run:
             self.stop(iteration, global_step)
 
     def play_episodes(self) -> list:
-        """--eval-every: the raw return of one episode on each of --eval-episodes envs of their own (seeded
-        args.seed + EVAL_SEED_OFFSET at every mark), played by the policy --eval-checkpoint plays, with the training
-        envs' observation statistics frozen. The run's random state is put back afterwards: evaluating changes
-        nothing the run learns."""
+        """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), with
+        the training envs' observation statistics frozen; the random state is put back, so the run learns the same."""
         rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
         if self.eval_envs is None:
             self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
         states = normalizer_states(self.envs)
-        obs_states = [states[name] for name in sorted(states, key=natural_key) if name.startswith("obs_")]
-        load_normalizers(self.eval_envs, {f"obs_{i}": obs_states[i % len(obs_states)] for i in range(num_episodes)}
-                         if obs_states else {}, freeze=True)
+        num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
+        load_normalizers(self.eval_envs, {f"obs_{i}": states[f"obs_{i % num_obs}"] for i in range(num_episodes)}
+                         if num_obs else {}, freeze=True)
         weights = {name: model.state_dict() for name, model in self.saved.models.items()}
         returns = play(self.eval_envs, self.script.acting_policy(self.args, self.eval_envs, weights, self.device),
                        num_episodes, seed)
@@ -494,7 +475,8 @@ class Run:
         if self.eval_envs is not None:
             self.eval_envs.close()
         self.writer.close()
-        stop_workers()
+        if dist.is_initialized():  # leave the group of workers
+            dist.destroy_process_group()
         for sig, handler in self.old_handlers.items():
             signal.signal(sig, handler)
 
@@ -617,9 +599,7 @@ def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
 
 def available_memory(cuda: bool) -> dict:
     """Free memory now, {kind: bytes}: MemAvailable (Linux only) and, with cuda, the GPU's."""
-    available = {}
-    if cuda and torch.cuda.is_available():
-        available["GPU memory"] = torch.cuda.mem_get_info()[0]
+    available = {"GPU memory": torch.cuda.mem_get_info()[0]} if cuda and torch.cuda.is_available() else {}
     if os.path.exists("/proc/meminfo"):
         with open("/proc/meminfo") as meminfo:
             lines = [line.split() for line in meminfo if line.startswith("MemAvailable:")]
@@ -797,9 +777,8 @@ class Progress:
 
 # ----------------------------------------------------------------------------- checkpoints and resume
 def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
-    """The one checkpoint format of this repository (a dict that torch.load(weights_only=True) can read): the Args,
-    the state dicts of `saved`, its normalizers' attributes with the env stack's statistics, the random state, the
-    envs, and `keys` (global_step, iteration, num_iterations, episode_returns, and a script's own)."""
+    """The one checkpoint format (torch.load(weights_only=True) reads it): Args, `saved`'s states, the env stack's
+    normalizers, the random state, the envs, and `keys` (global_step, iteration, ..., and a script's own)."""
     return {
         "args": dataclasses.asdict(args),
         "models": {name: model.state_dict() for name, model in saved.models.items()},
@@ -868,9 +847,8 @@ def resume_from(args, script: Script) -> tuple:
 
 
 def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done) -> tuple:
-    """Load a checkpoint into `saved` and the envs: (global_step, first iteration to run, next_obs, next_done).
-    Gymnasium envs continue exactly where they were; envs that cannot be pickled (Procgen) restart fresh and keep
-    only their normalizers' statistics: their current episodes are lost."""
+    """Load a checkpoint into `saved` and the envs: (global_step, first iteration, next_obs, next_done). Gymnasium
+    envs continue exactly; Procgen's (not picklable) restart, keeping their normalizers' statistics."""
     missing = [name for name in saved.models if name not in checkpoint["models"]]
     if missing:
         raise SystemExit(f"--resume: the checkpoint holds no {', '.join(missing)}; it is not this script's.")
@@ -927,11 +905,6 @@ def normalizer_states(envs) -> dict:
     """{name: {"mean", "var", "count"}} of the running statistics in a vector env stack (see env_normalizers)."""
     return {name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
             for name, (_, rms) in env_normalizers(envs).items()}
-
-
-def natural_key(name: str) -> list:
-    """Sort "obs_2" before "obs_10"."""
-    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
 
 
 def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
@@ -1046,16 +1019,11 @@ def evaluate(args, script: Script) -> dict:
 
 
 # -------------------------------------------------------------------------------- torchrun workers
-# `torchrun --nproc_per_node W` runs W copies of a script, one per GPU (several machines: torchrun's --nnodes and
-# --rdzv-* flags). --num-envs stays the total: each worker steps num_envs / W envs with its own seed, normalizes
-# its own rewards and cuts its own rollouts into minibatches. The workers average every gradient, so their
-# weights (and any EWMA of them) stay identical without being sent, and they normalize advantages with the
-# moments of the whole batch. Only rank 0 prints, logs and saves. In a single process every helper does nothing.
+# `torchrun --nproc_per_node W` runs W copies of a script (docs/torchrun.md): each steps num_envs / W envs, the
+# workers average every gradient, and only rank 0 prints, logs and saves. In a single process every helper does nothing.
 def start_workers(args, script: Script) -> tuple:
-    """Under torchrun (args: the command line's): take this worker's GPU, check the flags and their split over the
-    workers, join the others (NCCL with one GPU each when CUDA is used, Gloo on CPU) and silence stdout on ranks
-    > 0; return (rank, W). In a single process: (0, 1), and nothing is done. One torchrun worker (W = 1) joins a
-    group of one, so that its collectives run (e.g. NCCL on one GPU) as they would with more."""
+    """Under torchrun (even W = 1): take this worker's GPU, check the flags and their split over the workers, join
+    the others (NCCL with one GPU each, Gloo on CPU), silence stdout on ranks > 0; (rank, W). One process: (0, 1)."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world_size == 1 and "LOCAL_RANK" not in os.environ:  # torchrun sets LOCAL_RANK; python does not
         return 0, 1
@@ -1151,8 +1119,3 @@ def gather_episodes(episodes):
     dist.all_gather_object(lists, episodes)
     return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
 
-
-def stop_workers() -> None:
-    """Leave the group of workers (single process: nothing to do)."""
-    if dist.is_initialized():
-        dist.destroy_process_group()
