@@ -283,12 +283,9 @@ class ValueNetwork(nn.Module):
 
 # --------------------------------------------------------------------------- algorithm functions
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalized advantage estimation (Schulman et al., 2015b).
-
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
-    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
-    Returns (advantages, returns), both [T, N], with returns = advantages + values.
-    """
+    """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
+    an episode, so nothing is bootstrapped from step t-1 into step t."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last_gae = torch.zeros_like(next_value)
@@ -304,11 +301,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A).
-
-    r = pi/pi_prox. All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at
-    max_is_ratio by raising behav_logp (Appendix B). With prox_logp == behav_logp this is PPO's loss.
-    """
+    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
+    All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
+    (Appendix B). With prox_logp == behav_logp this is PPO's loss."""
     prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
     behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
     # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
@@ -320,11 +315,8 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
-    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi].
-
-    new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] (carries gradient).
-    pi/pi_behav is capped at max_is_ratio as in decoupled_clip_loss.
-    """
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi], pi/pi_behav capped as in
+    decoupled_clip_loss. new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] with gradient."""
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     is_ratio = torch.exp(new_logp - behav_logp)
     return (-is_ratio * advantages + kl_coef * kl).mean()
@@ -350,10 +342,8 @@ def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
 
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
-    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w.
-
-    w_new = 1 + beta w;  theta_prox = theta / w_new + beta (w / w_new) theta_prox. decay 0 copies theta.
-    """
+    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w_new = 1 + beta w.
+    theta_prox = theta / w_new + beta (w / w_new) theta_prox; decay 0 copies theta."""
     new_weight = 1.0 + decay * weight
     for ewma_param, param in zip(ewma_model.parameters(), model.parameters()):
         ewma_param.mul_(decay * weight / new_weight).add_(param, alpha=1.0 / new_weight)
@@ -397,11 +387,9 @@ class EwmaMoments:
 
 
 class RewardNormalizer:
-    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted.
-
-    R_t = r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts.
-    Var[R] is a running estimate over every R seen, updated once per rollout with all its N x T values.
-    """
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted. R_t =
+    r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts; Var[R] is a running
+    estimate over every R seen, updated once per rollout with all its N x T values."""
 
     def __init__(self, num_envs, gamma, clip=10.0):
         self.gamma, self.clip = gamma, clip
@@ -409,9 +397,8 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards.
-        gather: torchrun workers pass a function that concatenates every worker's [B] returns, so that all
-        share one estimate, as the official code's all-reduced statistics."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> the scaled rewards. gather (torchrun):
+        every worker's [B] returns concatenated, so that all share one estimate, as the official code's all-reduce."""
         returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
         for t in range(len(rewards)):
             ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
@@ -426,11 +413,9 @@ class RewardNormalizer:
 
 def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
-
-    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs.
-    M > N: each env's trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's
-    chunks one after another in time order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces).
-    """
+    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs. M > N: each env's
+    trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's chunks one after another in time
+    order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces)."""
     envs = torch.randperm(num_envs, generator=generator)
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]

@@ -83,8 +83,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     norm_reward: bool = True
     """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
     reward_norm_gamma: float = 0.99
-    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
-    separate from --gamma"""
+    """discount of the return whose std normalizes rewards (the official code: 0.99, separate from --gamma)"""
     norm_adv: bool = True
     """normalize advantages with EWMA estimates of their mean and std"""
     adv_norm_span: float = 1.0
@@ -135,23 +134,19 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """clip the value loss around the rollout's values: max of the plain and the clipped squared error (PPO2
     baselines, CleanRL), clip range --clip-coef"""
     lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
-    """multiplies the step size (after --batch-divisor's adjustment): constant (the paper); linear to 0 over the
-    run (PPO paper, CleanRL's --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the
-    epoch's mean k3 KL to pi_behav exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2]
-    (torchrun: both KL decisions take the mean over all workers)"""
+    """multiplies the step size (after --batch-divisor's): constant (the paper); linear to 0 (PPO paper, CleanRL's
+    --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the epoch's mean k3 KL to pi_behav
+    exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2] (torchrun: the workers' mean KL)"""
     lr_kl_target: float = 0.008
     """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
     noise_scale: bool = False
     """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
-    to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple (off by
-    default: it costs over 2% on the CartPole recipe; docs/ppg_ewma.md has the measurements)"""
+    to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple"""
 
 
 def with_defaults(args: Args) -> Args:
-    """Args with the defaults that depend on the action type filled in where they are None. Discrete actions take
-    the paper's: entropy coefficient 0.01, centre of mass 8 (beta_prox 0.889), pixels / 255 unnormalized. Box
-    actions take the PPO paper's MuJoCo entropy coefficient 0, normalized observations, and a centre of mass of
-    three iterations' E x M (measured on MuJoCo: docs/ppo_ewma.md)."""
+    """Args with the defaults that depend on the action type filled in where they are None: the paper's for discrete
+    actions, the PPO paper's MuJoCo entropy coefficient 0 and an age measured on MuJoCo (docs/ppo_ewma.md) for Box."""
     if isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box):
         defaults = dict(ent_coef=0.0, ewma_com=3.0 * args.update_epochs * args.num_minibatches, norm_obs=True)
     else:  # the paper's
@@ -257,10 +252,8 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
-    Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for the mean of a diagonal Gaussian policy and
-    for the value, and a state-independent log-std.
-
-    The policy's parameters pi are [B, P]: categorical logits, or the Gaussian's mean and log-std side by side."""
+    Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for a diagonal Gaussian's mean and the value, and
+    a state-independent log-std. The policy's parameters pi, [B, P]: logits, or the mean and log-std side by side."""
 
     def __init__(self, envs):
         super().__init__()
@@ -302,12 +295,9 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------- algorithm functions
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalized advantage estimation (Schulman et al., 2015b).
-
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
-    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
-    Returns (advantages, returns), both [T, N], with returns = advantages + values.
-    """
+    """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
+    an episode, so nothing is bootstrapped from step t-1 into step t."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last_gae = torch.zeros_like(next_value)
@@ -323,11 +313,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A).
-
-    r = pi/pi_prox. All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at
-    max_is_ratio by raising behav_logp (Appendix B). With prox_logp == behav_logp this is PPO's loss.
-    """
+    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
+    All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
+    (Appendix B). With prox_logp == behav_logp this is PPO's loss."""
     prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
     behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
     # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
@@ -339,11 +327,8 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
-    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi].
-
-    new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] (carries gradient).
-    pi/pi_behav is capped at max_is_ratio as in decoupled_clip_loss.
-    """
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi], pi/pi_behav capped as in
+    decoupled_clip_loss. new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] with gradient."""
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     is_ratio = torch.exp(new_logp - behav_logp)
     return (-is_ratio * advantages + kl_coef * kl).mean()
@@ -356,10 +341,8 @@ def value_loss(values, returns):
 
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
-    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w.
-
-    w_new = 1 + beta w;  theta_prox = theta / w_new + beta (w / w_new) theta_prox. decay 0 copies theta.
-    """
+    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w_new = 1 + beta w.
+    theta_prox = theta / w_new + beta (w / w_new) theta_prox; decay 0 copies theta."""
     new_weight = 1.0 + decay * weight
     for ewma_param, param in zip(ewma_model.parameters(), model.parameters()):
         ewma_param.mul_(decay * weight / new_weight).add_(param, alpha=1.0 / new_weight)
@@ -408,11 +391,9 @@ class EwmaMoments:
 
 
 class RewardNormalizer:
-    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted.
-
-    R_t = r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts.
-    Var[R] is a running estimate over every R seen, updated once per rollout with all its N x T values.
-    """
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted. R_t =
+    r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts; Var[R] is a running
+    estimate over every R seen, updated once per rollout with all its N x T values."""
 
     def __init__(self, num_envs, gamma, clip=10.0):
         self.gamma, self.clip = gamma, clip
@@ -420,9 +401,8 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards.
-        gather: torchrun workers pass a function that concatenates every worker's [B] returns, so that all
-        share one estimate, as the official code's all-reduced statistics."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> the scaled rewards. gather (torchrun):
+        every worker's [B] returns concatenated, so that all share one estimate, as the official code's all-reduce."""
         returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
         for t in range(len(rewards)):
             ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
@@ -437,11 +417,9 @@ class RewardNormalizer:
 
 def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
-
-    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs.
-    M > N: each env's trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's
-    chunks one after another in time order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces).
-    """
+    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs. M > N: each env's
+    trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's chunks one after another in time
+    order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces)."""
     envs = torch.randperm(num_envs, generator=generator)
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
@@ -482,10 +460,8 @@ def gaussian_entropy(log_std):
 
 
 def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
-    """KL[p || q] of diagonal Gaussians per sample, summed over action dims: all [B, A], returns [B].
-
-    KL = sum of log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2.
-    """
+    """KL[p || q] of diagonal Gaussians per sample, all [B, A] -> [B]: the sum over action dims of
+    log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2."""
     var_ratio = torch.exp(2 * (log_std_p - log_std_q))  # sigma_p^2 / sigma_q^2
     return (log_std_q - log_std_p + 0.5 * (var_ratio + (mean_p - mean_q) ** 2 / torch.exp(2 * log_std_q)) - 0.5).sum(-1)
 

@@ -197,12 +197,9 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------- algorithm functions
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalized advantage estimation (Schulman et al., 2015b).
-
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
-    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
-    Returns (advantages, returns), both [T, N], with returns = advantages + values.
-    """
+    """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
+    an episode, so nothing is bootstrapped from step t-1 into step t."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last_gae = torch.zeros_like(next_value)
@@ -218,11 +215,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A).
-
-    r = pi/pi_prox. All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at
-    max_is_ratio by raising behav_logp (Appendix B). With prox_logp == behav_logp this is PPO's loss.
-    """
+    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
+    All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
+    (Appendix B). With prox_logp == behav_logp this is PPO's loss."""
     prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
     behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
     # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
@@ -234,11 +229,9 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
 
 
 class RewardNormalizer:
-    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted.
-
-    R_t = r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts.
-    Var[R] is a running estimate over every R seen, updated once per rollout with all its N x T values.
-    """
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted. R_t =
+    r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts; Var[R] is a running
+    estimate over every R seen, updated once per rollout with all its N x T values."""
 
     def __init__(self, num_envs, gamma, clip=10.0):
         self.gamma, self.clip = gamma, clip
@@ -246,9 +239,8 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode). Returns the scaled rewards.
-        gather: torchrun workers pass a function that concatenates every worker's [B] returns, so that all
-        share one estimate, as the official code's all-reduced statistics."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> the scaled rewards. gather (torchrun):
+        every worker's [B] returns concatenated, so that all share one estimate, as the official code's all-reduce."""
         returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
         for t in range(len(rewards)):
             ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
@@ -263,11 +255,9 @@ class RewardNormalizer:
 
 def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
-
-    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs.
-    M > N: each env's trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's
-    chunks one after another in time order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces).
-    """
+    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs. M > N: each env's
+    trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's chunks one after another in time
+    order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces)."""
     envs = torch.randperm(num_envs, generator=generator)
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]

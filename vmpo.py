@@ -284,12 +284,9 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------- algorithm functions
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
-    """Generalized advantage estimation (Schulman et al., 2015b).
-
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that
-    produced obs t ended an episode, so nothing is bootstrapped from step t-1 into step t.
-    Returns (advantages, returns), both [T, N], with returns = advantages + values.
-    """
+    """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
+    an episode, so nothing is bootstrapped from step t-1 into step t."""
     num_steps = rewards.shape[0]
     advantages = torch.zeros_like(rewards)
     last_gae = torch.zeros_like(next_value)
