@@ -45,11 +45,9 @@ EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this,
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
 COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
     "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
-    "eval_every": "[0, inf)",
-    "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)", "num_minibatches": "[1, inf)",
-    "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)", "gamma": "[0, 1]",
-    "gae_lambda": "[0, 1]",
-}
+    "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)",
+    "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)",
+    "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
 OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume takes from its own command line
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),

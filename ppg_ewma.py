@@ -63,9 +63,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     aux_epochs: int = 6
     """auxiliary-phase epochs E_aux"""
     aux_minibatch_size: int = 4096
-    """auxiliary-phase minibatch size in samples, made of whole trajectories like the official code's (16 of
-    T = 256 steps); kept under --batch-divisor (Appendix B); the total over torchrun workers, each of W taking
-    aux_minibatch_size / W from its own phase buffer (the paper's 1-worker runs: docs/torchrun.md)"""
+    """auxiliary-phase minibatch size in samples, whole trajectories as officially (16 of T = 256 steps); kept under
+    --batch-divisor (Appendix B); the total over torchrun workers (docs/torchrun.md)"""
     aux_learning_rate: float = 5e-4
     """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
     beta_clone: float = 1.0
@@ -91,8 +90,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     norm_reward: bool = True
     """divide rewards by the running std of a discounted return, then clip them to +-10 (official code)"""
     reward_norm_gamma: float = 0.99
-    """discount of the return whose std normalizes rewards: 0.99 in the paper's official code, fixed and
-    separate from --gamma"""
+    """discount of the return whose std normalizes rewards (the official code: 0.99, separate from --gamma)"""
     norm_adv: bool = True
     """normalize advantages with EWMA estimates of their mean and std"""
     adv_norm_span: float = 1.0
@@ -130,22 +128,18 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     exp_name: str = "ppg_ewma"
     """name of this experiment, part of the run directory's name"""
     shuffle_samples: bool = False
-    """shuffle single samples into minibatches (policy, value and aux epochs) instead of whole env
-    trajectories (not the paper's layout)"""
+    """shuffle single samples into minibatches (policy, value and aux epochs) instead of whole env trajectories"""
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     noise_scale: bool = False
     """log charts/grad_noise_scale, the simple noise scale B_simple of the policy phase's gradient (McCandlish et al.,
-    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it
-    (off by default, as in ppo_ewma.py)"""
+    2018), next to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below it"""
 
 
 def apply_batch_divisor(args: Args) -> Args:
-    """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args.
-
-    The auxiliary phase is left alone (Appendix B): with N_pi x c its buffer holds the same samples,
-    and it keeps its absolute minibatch size and step size, so it runs exactly as at the default size.
-    """
+    """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args. The auxiliary
+    phase is left alone (Appendix B): with N_pi x c its buffer holds the same samples, and its minibatch size and
+    step size are absolute, so it runs exactly as at the default size."""
     c = args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
@@ -328,12 +322,9 @@ def value_loss(values, returns):
 
 
 def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
-    """PPG's auxiliary-phase loss: L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss.
-
-    new_logits, old_logits: [B, A] (old_logits: the pre-phase policy, no gradient); aux_values (aux head),
-    values (value network), returns (V_targ): [B]. Returns
-    beta_clone * mean KL[old || new] + 0.5 mean (aux_values - returns)^2 + 0.5 mean (values - returns)^2.
-    """
+    """PPG's auxiliary-phase loss, L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss L^value.
+    new_logits, old_logits: [B, A] (old_logits: the pre-phase policy, no gradient); aux_values (aux head), values
+    (value network), returns (V_targ): [B]."""
     clone_kl = categorical_kl(old_logits.detach(), new_logits).mean()
     l_aux = 0.5 * ((aux_values - returns) ** 2).mean()  # L^aux on the policy network's auxiliary head
     l_value = 0.5 * ((values - returns) ** 2).mean()  # L^value: the value network keeps training too
@@ -368,8 +359,7 @@ class EwmaMoments:
         self.weight = self.sum = self.sum_sq = 0.0
 
     def update(self, x):
-        n, batch_mean = x.numel(), x.mean().item()
-        batch_var = x.var(unbiased=False).item()
+        n, batch_mean, batch_var = x.numel(), x.mean().item(), x.var(unbiased=False).item()
         self.weight = self.decay * self.weight + n
         self.sum = self.decay * self.sum + n * batch_mean
         self.sum_sq = self.decay * self.sum_sq + n * (batch_var + batch_mean**2)
@@ -433,11 +423,8 @@ def epoch_minibatches(args: Args) -> list:
 
 
 def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generator=None):
-    """Minibatches of the auxiliary phase: whole trajectories, as flat indices into an [N_pi, T, N] buffer.
-
-    The phase's N_pi x N trajectories play the envs of minibatch_indices; trajectory j is env j % N of
-    policy iteration j // N.
-    """
+    """Minibatches of the auxiliary phase: whole trajectories, as flat indices into an [N_pi, T, N] buffer. The
+    phase's N_pi x N trajectories play the envs of minibatch_indices; trajectory j is env j % N of iteration j // N."""
     trajectories = n_pi * num_envs
     minibatches = []
     for inds in minibatch_indices(num_steps, trajectories, num_minibatches, generator):
@@ -461,11 +448,9 @@ def categorical_kl(logits_p, logits_q):
 
 def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_epochs, aux_minibatch_size,
                     shuffle_samples, beta_clone, iteration, device):
-    """PPG's auxiliary phase (Cobbe et al., 2020, Algorithm 1); returns the mean of each logged quantity.
-
-    phase_obs: [N_pi, T, N, ...] (uint8 for Procgen, kept on the CPU); phase_returns: [N_pi, T, N], the value
-    targets of the policy phase. Minibatches move to `device` one at a time, so only the buffer must fit in RAM.
-    """
+    """PPG's auxiliary phase (Cobbe et al., 2020, Algorithm 1); returns the mean of each logged quantity. phase_obs:
+    [N_pi, T, N, ...] (uint8 for Procgen, on the CPU); phase_returns: [N_pi, T, N], the policy phase's value targets.
+    Minibatches move to `device` one at a time, so only the buffer must fit in RAM."""
     n_pi, num_steps, num_envs = phase_returns.shape
     num_samples, num_minibatches = phase_returns.numel(), phase_returns.numel() // aux_minibatch_size
     phase_obs, phase_returns = phase_obs.reshape((num_samples,) + phase_obs.shape[3:]), phase_returns.reshape(-1)
@@ -661,10 +646,9 @@ def train(args: Args) -> dict:
         # auxiliary phase, after N_pi policy iterations: distil V_targ into the policy network's aux head
         if phase_iteration == args.n_pi - 1:
             aux_start = time.time()
-            aux_stats = auxiliary_phase(
-                policy, value_net, aux_optimizer, phase_obs, phase_returns, args.aux_epochs, args.aux_minibatch_size,
-                args.shuffle_samples, args.beta_clone, iteration, device,
-            )
+            aux_stats = auxiliary_phase(policy, value_net, aux_optimizer, phase_obs, phase_returns, args.aux_epochs,
+                                        args.aux_minibatch_size, args.shuffle_samples, args.beta_clone, iteration,
+                                        device)
             for name, value in aux_stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/aux_learning_rate", aux_optimizer.param_groups[0]["lr"], global_step)
@@ -710,11 +694,9 @@ def check_args(args: Args, observation_space, action_space) -> None:
     phase_size = adjusted.n_pi * adjusted.num_envs * num_steps
     whole = aux_size % num_steps == 0 or num_steps % aux_size == 0 or adjusted.shuffle_samples
     if aux_size > phase_size or phase_size % aux_size != 0 or not whole:
-        raise SystemExit(
-            f"--aux-minibatch-size {aux_size} must divide the phase of {phase_size} samples (--n-pi {adjusted.n_pi} x "
-            f"--num-envs {adjusted.num_envs} x --num-steps {num_steps}) into whole trajectories (a multiple of "
-            f"--num-steps) or equal pieces of one (a divisor of --num-steps)."
-        )
+        raise SystemExit(f"--aux-minibatch-size {aux_size} must divide the phase of {phase_size} samples (--n-pi "
+                         f"{adjusted.n_pi} x --num-envs {adjusted.num_envs} x --num-steps {num_steps}) into whole "
+                         f"trajectories (a multiple of --num-steps) or equal pieces of one (a divisor of --num-steps).")
     # the auxiliary phase keeps N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for Procgen), and with each
     # a float32 value target and the pre-phase policy's float32 logits
     obs_bytes = math.prod(observation_space.shape) * np.dtype(observation_space.dtype).itemsize
@@ -728,9 +710,7 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
 
 
 def worker_share(args: Args, rank: int, world_size: int) -> Args:
-    """A torchrun worker's Args: num_envs / W envs and seed + rank * num_envs / W (a Gymnasium vector env seeds its
-    env i with seed + i, so the W workers together step the very envs of a single process), and auxiliary
-    minibatches of aux_minibatch_size / W samples from its own phase buffer."""
+    """harness.worker_share's Args, with auxiliary minibatches of aux_minibatch_size / W from its own phase buffer."""
     if args.aux_minibatch_size % world_size != 0:
         raise SystemExit(f"--aux-minibatch-size {args.aux_minibatch_size} is the total over all workers, so it must be "
                          f"a multiple of the {world_size} torchrun workers.")

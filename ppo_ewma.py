@@ -372,8 +372,7 @@ class EwmaMoments:
         self.weight = self.sum = self.sum_sq = 0.0
 
     def update(self, x):
-        n, batch_mean = x.numel(), x.mean().item()
-        batch_var = x.var(unbiased=False).item()
+        n, batch_mean, batch_var = x.numel(), x.mean().item(), x.var(unbiased=False).item()
         self.weight = self.decay * self.weight + n
         self.sum = self.decay * self.sum + n * batch_mean
         self.sum_sq = self.decay * self.sum_sq + n * (batch_var + batch_mean**2)
