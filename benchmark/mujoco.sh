@@ -38,8 +38,9 @@ if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DAT
 fi
 for env in HalfCheetah Hopper; do
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
-  python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 \
-    --baseline ppo-er-L1 \
+  grep -q "^$env-v5," <(zcat "$DATA") || continue
+  compare=$(grep -q "^$env-v5,ppo-er-L1," <(zcat "$DATA") && echo "--baseline ppo-er-L1" || true)  # once L = 1 ran
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 $compare \
     --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps" \
     --label '-L1$=PPO (L = 1)' --label '-L2$=PPO-ER (L = 2)'
 done
