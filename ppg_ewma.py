@@ -454,9 +454,8 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
     n_pi, num_steps, num_envs = phase_returns.shape
     num_samples, num_minibatches = phase_returns.numel(), phase_returns.numel() // aux_minibatch_size
     phase_obs, phase_returns = phase_obs.reshape((num_samples,) + phase_obs.shape[3:]), phase_returns.reshape(-1)
-    with torch.no_grad():  # pi_old: the policy as the policy phase left it, for behaviour cloning
-        old_logits = torch.cat([policy.get_pi(phase_obs[start:start + aux_minibatch_size].to(device)).cpu()
-                                for start in range(0, num_samples, aux_minibatch_size)])
+    # pi_old: the policy as the policy phase left it, for behaviour cloning (kept on the CPU with the buffer)
+    old_logits = harness.in_chunks(lambda obs: policy.get_pi(obs.to(device)).cpu(), phase_obs, aux_minibatch_size)
     stats = {k: [] for k in ("aux_clone_kl", "aux_value_loss", "aux_true_value_loss", "aux_kl_moved")}
     for epoch in range(aux_epochs):
         if shuffle_samples:
