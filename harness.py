@@ -305,11 +305,13 @@ def start(args, script: Script) -> "Run":
                             f"flags printed and logged are rank 0's share")
     writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
     run = Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)  # Ctrl-C handled
-    print_startup(title(script), run_args.env_id, device_note, run_dir,  # from the start-up block on
+    print_startup(script, run_args.env_id, device_note, run_dir,  # from the start-up block on
                   dict(lines, saves=saves_note(args, world_size)))
     suggest_recipe(args, script)
     if getattr(args, "batch_divisor", 1) != 1:  # the hyperparameters --batch-divisor changed, said once
-        changes = hyperparameter_changes(script.defaults(args), script.run_args(args))
+        before, after = script.defaults(args), script.run_args(args)
+        changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
+                            if getattr(before, name) != getattr(after, name))
         print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
         if checkpoint is None:
             writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
@@ -335,11 +337,6 @@ def duration(seconds: float) -> str:
     if minutes < 60:
         return f"{whole // 60} min {whole % 60} s"
     return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
-
-
-def title(script: Script) -> str:
-    """The docstring's first paragraph on one line: the algorithm and its paper."""
-    return " ".join(script.doc.split("\n\n")[0].split())
 
 
 def saves_note(args, world_size: int) -> str:
@@ -614,13 +611,6 @@ def check_writable(directory: str) -> None:
         raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
 
 
-def hyperparameter_changes(before, after) -> str:
-    """One line per Args field that differs: `  name: before -> after`."""
-    names = [field.name for field in dataclasses.fields(before)]
-    return "\n".join(f"  {k}: {getattr(before, k)} -> {getattr(after, k)}" for k in names
-                     if getattr(before, k) != getattr(after, k))
-
-
 def recipes(doc: str) -> list:
     """The `python ...` commands of a docstring (its recipes), continuation lines joined, comments dropped."""
     commands, lines = [], iter(doc.splitlines())
@@ -690,9 +680,10 @@ def make_run_dir(args, name: str) -> str:
     return run_dir
 
 
-def print_startup(title: str, env_id: str, device_note: str, run_dir: str, lines: dict) -> None:
-    """The start-up block: algorithm and paper, env, device and why, run directory, then `lines` (label: text)."""
-    print(title)
+def print_startup(script: Script, env_id: str, device_note: str, run_dir: str, lines: dict) -> None:
+    """The start-up block: algorithm and paper (the docstring's first paragraph), env, device and why, run directory,
+    then `lines` (label: text)."""
+    print(" ".join(script.doc.split("\n\n")[0].split()))
     for label, text in {"env": env_id, "device": device_note, "run dir": run_dir, **lines}.items():
         print(f"  {label:<10} {text}")
 
@@ -991,7 +982,7 @@ def evaluate(args, script: Script) -> dict:
     load_normalizers(envs, checkpoint["normalizers"], freeze=True)
     checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
     run_dir = make_run_dir(dataclasses.replace(run_args, resume=None), f"{checkpoint_dir}__eval")  # after its run
-    print_startup(title(script), run_args.env_id, device_note, run_dir, {
+    print_startup(script, run_args.env_id, device_note, run_dir, {
         "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
         "episodes": f"{args.eval_episodes}, seed {args.seed}, actions sampled as in training, normalization frozen"})
     if args.capture_video:
