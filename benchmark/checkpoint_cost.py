@@ -54,15 +54,16 @@ def main():
     ppg_args = ppg_ewma.Args()
     policy, value_net = ppg_ewma.PolicyNetwork(envs), ppg_ewma.ValueNetwork(envs)
     parameters = [*policy.parameters(), *value_net.parameters()]
-    optimizer = adam_after_one_step(parameters, value_net(next_obs[:8]).sum() + policy.get_logits(next_obs[:8]).sum())
+    optimizer = adam_after_one_step(parameters, value_net(next_obs[:8]).sum() + policy.get_pi(next_obs[:8]).sum())
     aux_optimizer = adam_after_one_step(parameters, value_net(next_obs[:8]).sum())
     cases["ppg_ewma.py"] = (ppg_args, {"policy": policy, "value_net": value_net, "ewma_policy": copy.deepcopy(policy)},
                             {"optimizer": optimizer, "aux_optimizer": aux_optimizer})
 
     print(f"writing to {out_dir}, {cli.repeats} times each")
     for name, (run_args, run_models, optimizers) in cases.items():
-        checkpoint = harness.make_checkpoint(run_args, run_models, optimizers, envs, 0, 1, 100, [], next_obs,
-                                             torch.zeros(args.num_envs))
+        checkpoint = harness.make_checkpoint(run_args, harness.Saved(run_models, optimizers), envs, next_obs,
+                                             torch.zeros(args.num_envs), global_step=0, iteration=1,
+                                             num_iterations=100, episode_returns=[])
         path = os.path.join(out_dir, f"{name}.checkpoint.pt")
         seconds = time_writes(path, checkpoint, cli.repeats)
         print(f"{name}: {os.path.getsize(path) / 2**20:.1f} MiB, {min(seconds):.2f}-{max(seconds):.2f} s per write "
