@@ -7,6 +7,7 @@ the behaviour policy, which collected the data, is used only for importance samp
 `--batch-divisor c` divides the batch size by c and adjusts the other hyperparameters so that
 training stays (approximately) the same as a function of environment steps (Sec. 3-4). Discrete actions
 (Procgen, CartPole) and continuous ones (a diagonal Gaussian policy: Pendulum, MuJoCo) both work.
+"The official code" in the comments is the paper's own, openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
     python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA and adv-norm spans x4
