@@ -157,7 +157,8 @@ def with_defaults(args: Args) -> Args:
 
 def apply_batch_divisor(args: Args) -> Args:
     """The Args a run trains with: the adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as
-    a new Args, after with_defaults (the centre of mass that x c applies to)."""
+    a new Args, after with_defaults (the centre of mass that x c applies to). harness.start applies it, so train()
+    receives these Args. They make training invariant with one policy epoch (E = 1); with more, a warning says so."""
     args, c = with_defaults(args), args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
