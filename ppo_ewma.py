@@ -10,7 +10,8 @@ training stays (approximately) the same as a function of environment steps (Sec.
 "The official code" in the comments is the paper's own, openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
-    python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA and adv-norm spans x4
+    python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA and adv-norm spans x4; invariant
+                                                         # only with --update-epochs 1 (Sec. 4; the paper used PPG)
     python ppo_ewma.py --no-ewma                         # plain PPO (proximal = behaviour policy)
     python ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 \\
         --total-timesteps 200000                         # CPU recipe: docs/ppo_ewma.md has its time and score
@@ -100,7 +101,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     objective: Literal["clip", "kl"] = "clip"
     """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
     kl_coef: float = 1.0
-    """KL penalty beta for --objective kl (not in this paper: 1 is the fixed beta of PPG's KL variant)"""
+    """KL penalty beta for --objective kl (this paper gives none; 1 is the fixed beta of PPG's KL variant)"""
     max_is_ratio: float = 100.0
     """cap on the importance weight pi/pi_behav (Appendix B)"""
 
@@ -157,12 +158,12 @@ def with_defaults(args: Args) -> Args:
 
 def apply_batch_divisor(args: Args) -> Args:
     """The Args a run trains with: the adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as
-    a new Args, after with_defaults (the centre of mass that x c applies to). harness.start applies it, so train()
-    receives these Args. They make training invariant with one policy epoch (E = 1); with more, a warning says so."""
+    a new Args, after with_defaults (the centre of mass that x c applies to). They make training invariant with one
+    policy epoch (E = 1); with more, a warning says so."""
     args, c = with_defaults(args), args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
-    changes = {"num_envs": args.num_envs // c}
+    changes = {"num_envs": args.num_envs // c}  # T, M and E stay: the batch and every minibatch shrink by c
     if args.adjust_lr:
         changes["learning_rate"] = args.learning_rate / (c if args.lr_rule == "linear" else math.sqrt(c))
     if args.adjust_ewma:
@@ -494,7 +495,9 @@ def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args = run.args  # from here on the run's Args: apply_batch_divisor's, and under torchrun this worker's share
+    # from here on the run's Args: apply_batch_divisor(args), the Sec. 4 adjustments (SCRIPT.run_args), and under
+    # torchrun this worker's share of the envs
+    args = run.args
     envs, device, writer = run.envs, run.device, run.writer
     _, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
 
@@ -502,7 +505,7 @@ def train(args: Args) -> dict:
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None  # PPO-EWMA: theta_prox
     ewma_decay = com_to_decay(args.ewma_com)  # beta_prox
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # memory and speed only: harness.in_chunks
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
@@ -520,7 +523,7 @@ def train(args: Args) -> dict:
     obs = torch.zeros(steps + obs_shape, dtype=obs_dtype, device=device)
     actions = torch.zeros(steps + action_shape, dtype=torch.float32 if continuous else torch.long, device=device)
     pi_size = 2 * int(np.prod(action_shape)) if continuous else action_space.n
-    behav_pis = torch.zeros(steps + (pi_size,), device=device)  # --no-ewma --objective kl
+    behav_pis = torch.zeros(steps + (pi_size,), device=device)  # pi_behav's parameters: KL[pi_prox || pi] under PPO
     behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
     bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
 
@@ -530,7 +533,8 @@ def train(args: Args) -> dict:
     saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
+    # w of Appendix A, theta_prox <- theta at the start; never reset after, so theta_prox spans iterations
+    ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":
@@ -588,12 +592,6 @@ def train(args: Args) -> dict:
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_pi, new_value = agent(mb_obs)
                 new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, continuous)
-                behav_logratio = (new_logp - mb_behav_logp).detach()
-                epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
-                if args.target_kl is not None:  # torchrun: all workers decide on the mean of their estimates
-                    over_target_kl = harness.mean_over_workers(epoch_kls[-1]) > args.target_kl
-                    if over_target_kl:
-                        break  # this minibatch and the rest of the update are skipped
                 if ewma_agent is not None:  # PPO-EWMA: pi_prox is the EWMA network's policy
                     prox_pi = harness.in_chunks(ewma_agent.get_pi, mb_obs, prox_chunk_size)
                     prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
@@ -613,6 +611,12 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
+                behav_logratio = (new_logp - mb_behav_logp).detach()
+                epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())  # k3 of KL[pi_behav || pi]
+                if args.target_kl is not None:  # torchrun: all workers decide on the mean of their estimates
+                    over_target_kl = harness.mean_over_workers(epoch_kls[-1]) > args.target_kl
+                    if over_target_kl:
+                        break  # this minibatch's step and the rest of the update are skipped
                 optimizer.zero_grad()
                 loss.backward()
                 if noise_scale is not None:  # the minibatch's own gradient (torchrun: this worker's)
