@@ -19,6 +19,7 @@
 # more runs, about 6 hours here two at a time): 5 can show non-inferiority only where PPO-EWMA is in fact ahead
 # (as HalfCheetah's seeds 1-3 suggest, +1407), and will leave Walker2d and Hopper unresolved unless their gap
 # closes. If the default fails the margin on any env, the docstring's MuJoCo recipe runs PPO.
+# Judged on 2026-11-25 at 5 seeds each: not shown on any env, so the recipe runs PPO (docs/ppo_ewma.md).
 # Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
 # unfinished runs with --resume and skips the finished ones (model.pt). Stop it with Ctrl-C, or
 # `kill -TERM -- -PGID` when started with setsid. `bash benchmark/mujoco_ewma.sh --list` prints the runs;
