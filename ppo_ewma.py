@@ -17,7 +17,7 @@ training stays (approximately) the same as a function of environment steps (Sec.
         --total-timesteps 200000                         # CPU recipe: docs/ppo_ewma.md has its time and score
     python ppo_ewma.py --env-id HalfCheetah-v5 --num-envs 1 --num-steps 2048 --num-minibatches 32 \\
         --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.99 \\
-        --total-timesteps 1000000                        # the PPO paper's MuJoCo settings: docs/ppo_ewma.md
+        --no-ewma --total-timesteps 1000000              # PPO at the PPO paper's MuJoCo settings: docs/ppo_ewma.md
     python ppo_ewma.py --env-id Pendulum-v1 --num-envs 8 --num-steps 256 --num-minibatches 8 \\
         --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.9 --gae-lambda 0.99 \\
         --norm-obs False --total-timesteps 300000       # CPU recipe for continuous actions
