@@ -612,7 +612,7 @@ def train(args: Args) -> dict:
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
                 behav_logratio = (new_logp - mb_behav_logp).detach()
-                epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())  # k3 of KL[pi_behav || pi]
+                epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
                 if args.target_kl is not None:  # torchrun: all workers decide on the mean of their estimates
                     over_target_kl = harness.mean_over_workers(epoch_kls[-1]) > args.target_kl
                     if over_target_kl:
