@@ -3,8 +3,9 @@
 # PPO-ER paper's Table II settings (K = 1 actor, N = 2048, M = 64, 10 epochs, step size and clip factor annealed
 # by alpha): replay of L = 2 batches (PPO-ER) against L = 1 (its PPO baseline). PPO-EWMA on MuJoCo:
 # benchmark/mujoco_ewma.sh.
-# 12 runs. A run whose directory already holds model.pt is skipped, and an unfinished one starts again, so the
-# script can be stopped and rerun.
+# 12 runs. Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again
+# resumes the unfinished runs with --resume and skips the finished ones (model.pt). OUT=DIR keeps the runs outside
+# the work tree.
 # Cost here (2 CPU cores, JOBS=1, OMP_NUM_THREADS=1): see docs/benchmarks.md.
 # `bash benchmark/mujoco.sh --list` prints the runs, one per line.
 set -euo pipefail
@@ -14,24 +15,27 @@ OUT=${OUT:-$ROOT/benchmark/runs/mujoco}
 DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco.csv.gz  # the committed curves, which the tables and plots read
 
 runs() {
-  for env in HalfCheetah-v5 Hopper-v5; do for seed in 1 2 3; do for L in 1 2; do
-    echo "python $ROOT/ppo_er.py --env-id $env --replay-batches $L --seed $seed --exp-name ppo-er-L$L --save-model"
-  done; done; done
+  for env in HalfCheetah-v5 Hopper-v5; do for seed in 1 2 3; do for L in 1 2; do echo "$env $seed $L"; done; done; done
 }
-unfinished() {  # drop the runs that finished; remove what an interrupted one left behind
-  while read -r cmd; do
-    name=$(sed -E 's/.*--env-id ([^ ]+).*--seed ([0-9]+) --exp-name ([^ ]+).*/\1__\3__\2/' <<<"$cmd")
-    if ls "$OUT"/runs/"$name"__*/model.pt > /dev/null 2>&1; then continue; fi
-    rm -rf "$OUT"/runs/"$name"__*
-    echo "$cmd"
-  done
+run() {  # env seed L: resume, skip or start one run
+  local env=$1 seed=$2 L=$3 dir
+  dir=$(ls -d "$OUT/runs/${env}__ppo-er-L${L}__${seed}__"* 2> /dev/null | head -n 1 || true)
+  if [ -n "$dir" ] && [ -e "$dir/model.pt" ]; then return; fi
+  if [ -n "$dir" ] && [ -e "$dir/checkpoint.pt" ]; then
+    python "$ROOT/ppo_er.py" --resume "$dir/checkpoint.pt" --no-cuda --checkpoint-every 25
+  else
+    [ -z "$dir" ] || rm -rf "$dir"
+    python "$ROOT/ppo_er.py" --env-id "$env" --replay-batches "$L" --seed "$seed" --exp-name "ppo-er-L$L" --no-cuda \
+      --checkpoint-every 25
+  fi >> "$OUT/logs/${env}__ppo-er-L${L}__${seed}.txt" 2>&1
 }
 if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
 if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
-  mkdir -p "$OUT" && cd "$OUT"
-  export OMP_NUM_THREADS=1
-  runs | unfinished | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  mkdir -p "$OUT/logs" && cd "$OUT"
+  export OMP_NUM_THREADS=1 ROOT OUT
+  export -f run
+  runs | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
   for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA"
