@@ -403,9 +403,9 @@ class RewardNormalizer:
 
 def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
-    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs. M > N: each env's
-    trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's chunks one after another in time
-    order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces)."""
+    M <= N: minibatch i holds the T-step trajectories of the i-th group of N/M shuffled envs (T = 2, N = 4, M = 2,
+    envs shuffled to 2, 0, 3, 1: [2, 6, 0, 4], [3, 7, 1, 5]). M > N: each trajectory is cut into M/N time chunks,
+    one per minibatch, env by env (T = 4, N = 2, M = 4, no shuffle: [0, 2], [4, 6], [1, 3], [5, 7])."""
     envs = torch.randperm(num_envs, generator=generator)
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
@@ -510,14 +510,14 @@ def train(args: Args) -> dict:
     num_actions = envs.single_action_space.n
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
     # auxiliary phase; empty: the OS commits the pages only as the first phase fills them
-    obs_dtype, steps = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
+    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
     obs_shape = envs.single_observation_space.shape
-    phase_obs = torch.empty((args.n_pi,) + steps + obs_shape, dtype=obs_dtype)
-    phase_returns = torch.zeros((args.n_pi,) + steps)
-    actions = torch.zeros(steps, dtype=torch.long, device=device)
-    behav_pis = torch.zeros(steps + (num_actions,), device=device)  # --no-ewma --objective kl
-    behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
-    bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
+    phase_obs = torch.empty((args.n_pi,) + rollout_shape + obs_shape, dtype=obs_dtype)
+    phase_returns = torch.zeros((args.n_pi,) + rollout_shape)
+    actions = torch.zeros(rollout_shape, dtype=torch.long, device=device)
+    behav_pis = torch.zeros(rollout_shape + (num_actions,), device=device)  # --no-ewma --objective kl
+    behav_logps, rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(4))
+    bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype)

@@ -225,10 +225,10 @@ def train(args: Args) -> dict:
     action_low = torch.as_tensor(envs.single_action_space.low, device=device)
     action_high = torch.as_tensor(envs.single_action_space.high, device=device)
 
-    steps = (args.num_steps, args.num_envs)  # [T, N]
-    obs = torch.zeros(steps + obs_shape, device=device)
-    actions, behav_means, behav_log_stds = (torch.zeros(steps + action_shape, device=device) for _ in range(3))
-    rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(3))
+    rollout_shape = (args.num_steps, args.num_envs)  # [T, N]
+    obs = torch.zeros(rollout_shape + obs_shape, device=device)
+    actions, behav_means, behav_log_stds = (torch.zeros(rollout_shape + action_shape, device=device) for _ in range(3))
+    rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)

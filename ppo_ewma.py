@@ -419,9 +419,9 @@ class RewardNormalizer:
 
 def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
-    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs. M > N: each env's
-    trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's chunks one after another in time
-    order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces)."""
+    M <= N: minibatch i holds the T-step trajectories of the i-th group of N/M shuffled envs (T = 2, N = 4, M = 2,
+    envs shuffled to 2, 0, 3, 1: [2, 6, 0, 4], [3, 7, 1, 5]). M > N: each trajectory is cut into M/N time chunks,
+    one per minibatch, env by env (T = 4, N = 2, M = 4, no shuffle: [0, 2], [4, 6], [1, 3], [5, 7])."""
     envs = torch.randperm(num_envs, generator=generator)
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
@@ -518,14 +518,15 @@ def train(args: Args) -> dict:
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
         action_high = torch.as_tensor(action_space.high, device=device)
-    obs_dtype, steps = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
+    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
     obs_shape, action_shape = envs.single_observation_space.shape, action_space.shape
-    obs = torch.zeros(steps + obs_shape, dtype=obs_dtype, device=device)
-    actions = torch.zeros(steps + action_shape, dtype=torch.float32 if continuous else torch.long, device=device)
+    obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
+    action_dtype = torch.float32 if continuous else torch.long
+    actions = torch.zeros(rollout_shape + action_shape, dtype=action_dtype, device=device)
     pi_size = 2 * int(np.prod(action_shape)) if continuous else action_space.n
-    behav_pis = torch.zeros(steps + (pi_size,), device=device)  # pi_behav's parameters: KL[pi_prox || pi] under PPO
-    behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
-    bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
+    behav_pis = torch.zeros(rollout_shape + (pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
+    behav_logps, rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(4))
+    bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)

@@ -255,9 +255,9 @@ class RewardNormalizer:
 
 def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     """The official minibatches: whole env trajectories, envs shuffled; M LongTensors of flat indices t*N + n.
-    M <= N: minibatch i holds the full T-step trajectories of the i-th group of N/M shuffled envs. M > N: each env's
-    trajectory is cut into M/N consecutive time chunks, one per minibatch, an env's chunks one after another in time
-    order (at N = 1, T = 256, M = 8: eight consecutive 32-step pieces)."""
+    M <= N: minibatch i holds the T-step trajectories of the i-th group of N/M shuffled envs (T = 2, N = 4, M = 2,
+    envs shuffled to 2, 0, 3, 1: [2, 6, 0, 4], [3, 7, 1, 5]). M > N: each trajectory is cut into M/N time chunks,
+    one per minibatch, env by env (T = 4, N = 2, M = 4, no shuffle: [0, 2], [4, 6], [1, 3], [5, 7])."""
     envs = torch.randperm(num_envs, generator=generator)
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
@@ -368,12 +368,12 @@ def train(args: Args) -> dict:
 
     for iteration in range(first_iteration, last_iteration + 1):
         # fresh storage every iteration: the queue keeps each rollout until it is trained on
-        steps = (args.num_steps, args.num_envs)  # [T, N]
-        obs = torch.zeros(steps + obs_shape, dtype=obs_dtype, device=device)
-        actions = torch.zeros(steps, dtype=torch.long, device=device)
-        behav_pis = torch.zeros(steps + (num_actions,), device=device)
-        behav_logps, rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(4))
-        bootstraps = torch.zeros(steps, device=device)  # gamma V(final obs) at truncations
+        rollout_shape = (args.num_steps, args.num_envs)  # [T, N]
+        obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
+        actions = torch.zeros(rollout_shape, dtype=torch.long, device=device)
+        behav_pis = torch.zeros(rollout_shape + (num_actions,), device=device)
+        behav_logps, rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(4))
+        bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
 
         # rollout: T steps of the N envs with the current weights, which become pi_behav once the rollout is stale
         for step in range(args.num_steps):

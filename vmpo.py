@@ -416,11 +416,12 @@ def train(args: Args) -> dict:
     )
 
     # rollout storage
-    obs_dtype, steps = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
+    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
-    obs = torch.zeros(steps + obs_shape, dtype=obs_dtype, device=device)
-    actions = torch.zeros(steps + action_shape, dtype=torch.float32 if agent.continuous else torch.long, device=device)
-    rewards, dones, values = (torch.zeros(steps, device=device) for _ in range(3))
+    obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
+    action_dtype = torch.float32 if agent.continuous else torch.long
+    actions = torch.zeros(rollout_shape + action_shape, dtype=action_dtype, device=device)
+    rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
