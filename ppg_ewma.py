@@ -10,7 +10,7 @@ decoupled clipped objective (Sec. 2, Sec. 4), reinitialized at the start of ever
 phase holds the same number of environment steps (Sec. 4).
 
     python ppg_ewma.py                          # PPG-EWMA on Procgen starpilot, hard (aux buffer: 24.1 GiB of RAM)
-    python ppg_ewma.py --batch-divisor 4        # 64 envs, N_pi 128, lr / 2, EWMA and adv-norm spans x4
+    python ppg_ewma.py --batch-divisor 4        # 64 envs, N_pi 128, lr / 2, EWMA age and adv-norm span x4
     python ppg_ewma.py --no-ewma                # plain PPG (proximal = behaviour policy)
     python ppg_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --n-pi 8 \\
         --aux-minibatch-size 64 --total-timesteps 147456   # CPU recipe: 500 (the maximum), 26 s here
@@ -63,10 +63,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     aux_epochs: int = 6
     """auxiliary-phase epochs E_aux"""
     aux_minibatch_size: int = 4096
-    """auxiliary-phase minibatch size in samples, whole trajectories as officially (16 of T = 256 steps); kept under
-    --batch-divisor (Appendix B); the total over torchrun workers (docs/torchrun.md)"""
+    """auxiliary-phase minibatch size in samples (Table 3's 16 N_pi minibatches an epoch at the default sizes), whole
+    trajectories as officially; kept under --batch-divisor (apply_batch_divisor); the total over torchrun workers"""
     aux_learning_rate: float = 5e-4
-    """auxiliary-phase Adam step size; kept under --batch-divisor (Appendix B)"""
+    """auxiliary-phase Adam step size; kept under --batch-divisor (apply_batch_divisor)"""
     beta_clone: float = 1.0
     """auxiliary-phase behaviour-cloning coefficient beta_clone"""
     learning_rate: float = 5e-4
@@ -106,7 +106,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     kl_coef: float = 1.0
     """KL penalty beta for --objective kl (PPG's KL variant: 1; Fig. 2's reference line: 1/256 = 0.00390625)"""
     max_is_ratio: float = 100.0
-    """cap on the importance weight pi/pi_behav (Appendix B)"""
+    """cap on the importance weight pi/pi_behav (Appendix B: its staleness runs; here always, losses/is_capped_frac)"""
 
     # batch size-invariance (Sec. 4)
     batch_divisor: int = 1
@@ -138,8 +138,9 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
 
 def apply_batch_divisor(args: Args) -> Args:
     """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args. The auxiliary
-    phase is left alone (Appendix B): with N_pi x c its buffer holds the same samples, and its minibatch size and
-    step size are absolute, so it runs exactly as at the default size."""
+    phase is left alone: with N_pi x c its buffer holds the same samples, and its minibatch size and step size are
+    absolute, so it runs exactly as at the default size. A simplification: Appendix B kept the aux minibatch per
+    worker and so still divided its step size where c cut the number of workers (c <= 4), not envs per worker."""
     c = args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
@@ -493,11 +494,12 @@ def train(args: Args) -> dict:
     envs, device, writer = run.envs, run.device, run.writer
     _, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     ewma_decay = com_to_decay(args.ewma_com)
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
+    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
     policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
     harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
     ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None  # PPG-EWMA: theta_prox
+    # one Adam for both networks: zero_grad() leaves the other network's gradients None, which Adam skips
     parameters = list(policy.parameters()) + list(value_net.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
@@ -515,7 +517,7 @@ def train(args: Args) -> dict:
     phase_obs = torch.empty((args.n_pi,) + rollout_shape + obs_shape, dtype=obs_dtype)
     phase_returns = torch.zeros((args.n_pi,) + rollout_shape)
     actions = torch.zeros(rollout_shape, dtype=torch.long, device=device)
-    behav_pis = torch.zeros(rollout_shape + (num_actions,), device=device)  # --no-ewma --objective kl
+    behav_pis = torch.zeros(rollout_shape + (num_actions,), device=device)  # pi_behav: the KL's pi_prox under PPG
     behav_logps, rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(4))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
 
@@ -528,17 +530,17 @@ def train(args: Args) -> dict:
                           optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
-    ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A: theta_prox <- theta
+    ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A; reset at phase starts
 
     for iteration in range(first_iteration, num_iterations + 1):
         phase_iteration = (iteration - 1) % args.n_pi
         if phase_iteration == 0:
             phase_start = time.time()
             if ewma_policy is not None:  # Appendix A (bold): reinitialize the EWMA at every policy phase
-                ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)
+                ewma_weight = update_ewma(ewma_policy, policy, 0.0, 0.0)  # decay 0: theta_prox <- theta, w <- 1
 
         # rollout: T steps of the N envs with the behaviour policy pi_behav
-        obs = phase_obs[phase_iteration]
+        obs = phase_obs[phase_iteration]  # the rollout's observations go straight into the phase's buffer (CPU)
         bootstraps.zero_()
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
@@ -619,7 +621,7 @@ def train(args: Args) -> dict:
                     logratio, behav_logratio = new_logp - prox_logp, new_logp - mb_behav_logp
                     for name, value in (
                         ("policy_loss", pg_loss), ("entropy", entropy_loss),
-                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
+                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 of KL to pi_prox, a ~ pi_behav
                         ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
                         ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
                         ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),

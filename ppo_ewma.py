@@ -10,7 +10,7 @@ training stays (approximately) the same as a function of environment steps (Sec.
 "The official code" in the comments is the paper's own, openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
-    python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA and adv-norm spans x4; invariant
+    python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA age and adv-norm span x4; invariant
                                                          # only with --update-epochs 1 (Sec. 4; the paper used PPG)
     python ppo_ewma.py --no-ewma                         # plain PPO (proximal = behaviour policy)
     python ppo_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 \\
@@ -103,7 +103,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     kl_coef: float = 1.0
     """KL penalty beta for --objective kl (this paper gives none; 1 is the fixed beta of PPG's KL variant)"""
     max_is_ratio: float = 100.0
-    """cap on the importance weight pi/pi_behav (Appendix B)"""
+    """cap on the importance weight pi/pi_behav (Appendix B: its staleness runs; here always, losses/is_capped_frac)"""
 
     # batch size-invariance (Sec. 4)
     batch_divisor: int = 1

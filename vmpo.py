@@ -81,8 +81,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     eps_eta: float = 0.01
     """E-step KL bound epsilon_eta (the paper's Gym table, Appendix F: 0.01)"""
     alpha_init: float = 5.0
-    """initial KL multiplier alpha, discrete actions (the paper's appendix tables: 5). Here alpha is a Lagrange
-    multiplier; in ppo_er.py it is an annealing factor, in the batch-size-invariance paper a step size"""
+    """initial KL multiplier alpha, discrete actions (the paper's appendix tables: 5)"""
     eps_alpha: float = 0.005
     """M-step KL bound epsilon_alpha, discrete actions (not from the paper's Gym table, which has Box actions only)"""
     alpha_mean_init: float = 1.0
@@ -125,7 +124,7 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
     if args.norm_reward:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
     return envs
 
 
@@ -356,7 +355,7 @@ def project_multipliers(multipliers, min_value=MULTIPLIER_MIN):
         multiplier.clamp_(min=min_value)
 
 
-# ------------------------------------------------------------------------------------- training
+# --------------------------------------------------------------------------------- policy distributions
 def log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
@@ -386,6 +385,7 @@ def policy_kls(target_pi, pi):
     return {"mean": kl_mean, "std": kl_std}
 
 
+# ------------------------------------------------------------------------------------- training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
@@ -432,8 +432,8 @@ def train(args: Args) -> dict:
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
 
     for iteration in range(first_iteration, num_iterations + 1):
-        # right after a sync (the default: at the end of every iteration) target == online, and one
-        # forward pass of the target gives both the action and the online value
+        # speed only: right after a sync (the default: at the end of every iteration) target == online, PopArt's
+        # statistics included, so one pass of the target gives both; the else branch is the general case
         in_sync = learning_steps % target_period == 0
         for step in range(args.num_steps):
             global_step += args.num_envs
@@ -466,7 +466,8 @@ def train(args: Args) -> dict:
             run.after_step(global_step, info)  # finished episodes, progress
         run.end_rollout()  # the rollout's episodes to TensorBoard
 
-        # G^(n) bootstrapped with the online V at the unroll's end; A = G^(n) - V (Sec. 4.1)
+        # G^(n) (gae_lambda 1, the default) bootstrapped with the online V at the unroll's end; A = G^(n) - V
+        # (Sec. 4.1), not normalized: eta adapts to the advantages' scale
         with torch.no_grad():
             next_value = agent.get_value(next_obs)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
@@ -486,10 +487,10 @@ def train(args: Args) -> dict:
                 if args.popart:  # statistics first, then regress onto targets normalized by them
                     agent.critic.update(mb_returns)
                 new_pi, new_value = agent(mb_obs)
-                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions)
+                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions)  # entropy: logged, no bonus
                 with torch.no_grad():
                     target_pi = target_agent.get_pi(mb_obs)
-                    target_logp = policy_log_prob_and_entropy(target_pi, mb_actions)[0]
+                    target_logp = policy_log_prob_and_entropy(target_pi, mb_actions)[0]  # logged: no ratio in V-MPO
 
                 # L_V (Eq. 1) in PopArt's normalized space
                 v_loss = 0.5 * ((new_value - agent.critic.normalize(mb_returns)) ** 2).mean()
