@@ -106,7 +106,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     kl_coef: float = 1.0
     """KL penalty beta for --objective kl (PPG's KL variant: 1; Fig. 2's reference line: 1/256 = 0.00390625)"""
     max_is_ratio: float = 100.0
-    """cap on the importance weight pi/pi_behav (Appendix B: its staleness runs; here always, losses/is_capped_frac)"""
+    """cap on the importance weight pi/pi_behav (Appendix B: for staleness; the official code, as here, always)"""
 
     # batch size-invariance (Sec. 4)
     batch_divisor: int = 1
@@ -298,7 +298,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
     """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
     All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
-    (Appendix B). With prox_logp == behav_logp this is PPO's loss."""
+    (Appendix B). With prox_logp == behav_logp this is PPO's loss wherever the cap does not bind."""
     prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
     behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
     # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is

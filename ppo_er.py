@@ -47,8 +47,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     replay_batches: int = 2
     """replay policy depth L: batches kept in memory (the paper: 2; 1 is PPO)"""
     learning_rate: float = 3e-4
-    """Adam step size beta before annealing (Table II: 3e-4 alpha). Here alpha is the annealing factor (1 -> 0);
-    vmpo.py's alpha is a KL multiplier, the batch-size-invariance paper's a step size"""
+    """Adam step size beta before annealing (Table II: 3e-4 alpha, alpha the annealing factor from 1 to 0)"""
     adam_eps: float = 1e-8
     """Adam epsilon"""
     anneal: bool = True
@@ -66,8 +65,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     exp_name: str = "ppo_er"
     """name of this experiment, part of the run directory's name"""
     norm_obs: Annotated[bool, tyro.conf.FlagConversionOff] = True
-    """normalize each env's observations by running statistics, then clip them to +-10 (as ppo_ewma.py; the paper
-    does not say)"""
+    """normalize each env's observations by running statistics, then clip them to +-10 (the paper does not say)"""
     norm_reward: bool = True
     """scale rewards by a running std of the discounted return (common PPO practice; the paper does not say)"""
     ent_coef: float = 0.0
@@ -80,12 +78,12 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
 
 # ---------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics and reward scaling (--norm-obs: harness.gymnasium_envs)."""
+    """Vectorized env with raw-score episode statistics and reward scaling (observations: harness.gymnasium_envs)."""
     envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
     if args.norm_reward:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
     return envs
 
 
@@ -173,8 +171,9 @@ def linear_schedule(initial, iteration, num_iterations):
 class ReplayMemory:
     """R of eq. (11): the last L batches of (s, a, A_hat, V_hat, mu, log sigma), newest last.
 
-    push() takes one batch as a dict of [T, K, ...] tensors (T = N/K steps of K actors). Advantages
-    and targets are computed once, when a batch is stored, and never recomputed (Sec. IV).
+    push() takes one batch as a dict of [N/K, K, ...] tensors (N/K steps of each of K actors). Advantages
+    and targets are computed once, when a batch is stored, and never recomputed (Sec. IV). It holds i' = i, ..., i-L+1
+    (Sec. IV; eq. 11's i-L-1 is a typo), fewer than L batches in the first L-1 iterations.
     """
 
     def __init__(self, num_batches):
@@ -187,7 +186,7 @@ class ReplayMemory:
         self.batches.append(batch)
 
     def data(self):
-        """All stored samples flattened to [L*T*K, ...], oldest batch first, plus "age": [L*T*K]
+        """All stored samples flattened to [L*N, ...], oldest batch first, plus "age": [L*N]
         (0 for the newest batch, L-1 for the oldest)."""
         data = {key: torch.cat([b[key] for b in self.batches]).flatten(0, 1) for key in self.batches[0]}
         num_steps, num_envs = self.batches[0]["advantages"].shape
@@ -198,7 +197,8 @@ class ReplayMemory:
     def minibatch_indices(self, minibatch_size):
         """One epoch: index tensors [M] into data() that visit every stored sample exactly once.
 
-        Each minibatch holds M/K samples of each actor k, drawn from R_k (Algorithm 1, lines 10-13).
+        Each minibatch holds M/K samples of each actor k, drawn from R_k (Algorithm 1, lines 10-13) without
+        replacement within the epoch: M/K consecutive rows of each column's shuffle.
         """
         num_steps, num_envs = self.batches[0]["advantages"].shape
         device = self.batches[0]["advantages"].device
@@ -225,7 +225,7 @@ def train(args: Args) -> dict:
     action_low = torch.as_tensor(envs.single_action_space.low, device=device)
     action_high = torch.as_tensor(envs.single_action_space.high, device=device)
 
-    rollout_shape = (args.num_steps, args.num_envs)  # [T, N]
+    rollout_shape = (args.num_steps, args.num_envs)  # [N/K, K]: each actor's steps, the K actors
     obs = torch.zeros(rollout_shape + obs_shape, device=device)
     actions, behav_means, behav_log_stds = (torch.zeros(rollout_shape + action_shape, device=device) for _ in range(3))
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
@@ -260,7 +260,7 @@ def train(args: Args) -> dict:
             env_action = torch.clamp(action, action_low, action_high).cpu().numpy()
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action)
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
+            # time-limit truncation is not termination: bootstrap with gamma * V(final obs) (not in the paper)
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=torch.float32,
@@ -276,7 +276,7 @@ def train(args: Args) -> dict:
         with torch.no_grad():
             next_value = agent.get_value(next_obs)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
-        # line 6; obs stay as normalized at collection time, the input mu and sigma were computed from
+        # line 6: obs are stored as normalized at collection, the very inputs behind the stored mu and sigma
         replay.push({"obs": obs.clone(), "actions": actions.clone(), "advantages": advantages, "returns": returns,
                      "behav_mean": behav_means.clone(), "behav_log_std": behav_log_stds.clone()})
 
@@ -284,7 +284,7 @@ def train(args: Args) -> dict:
         # denominator of eq. (13): each sample's own behaviour policy, from its stored mu and sigma
         b_behav_logps = gaussian_log_prob(data["actions"], data["behav_mean"], data["behav_log_std"])
         b_obs, b_actions, b_advantages, b_returns = data["obs"], data["actions"], data["advantages"], data["returns"]
-        b_fresh = data["age"] == 0
+        b_fresh = data["age"] == 0  # logging only: clipfrac of fresh and replayed samples (Sec. III-B's bias)
 
         # update: lines 8-16
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration

@@ -217,7 +217,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
     """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
     All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
-    (Appendix B). With prox_logp == behav_logp this is PPO's loss."""
+    (Appendix B). With prox_logp == behav_logp this is PPO's loss wherever the cap does not bind."""
     prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
     behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
     # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
@@ -344,7 +344,7 @@ def train(args: Args) -> dict:
     envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
     last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained
-    recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # see harness.in_chunks
+    recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
     agent = Agent(envs).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
@@ -359,8 +359,7 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    # what a checkpoint holds, restored with --resume; the queue is not saved (at the paper's scale it is k rollouts
-    # of 0.8 GB): a resumed run collects as many rollouts as it held again
+    # what a checkpoint holds, restored with --resume (the queue is not: count_iterations)
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done, last_iteration)
@@ -408,8 +407,9 @@ def train(args: Args) -> dict:
         stale = Rollout(*(x.to(device) for x in stale))
         trained_steps += batch_size
 
-        # Advantages of a stale rollout, as in the paper's experiments: the value predictions stored
-        # when it was collected, and the CURRENT model's bootstrap value V(s_T) at its end.
+        # advantages of a stale rollout as in the official code (the paper is silent): the value predictions stored
+        # when it was collected, and the current model's V(s_T) at its end; the bootstraps, gamma V in the units of
+        # scaled rewards, are added after the scaling
         with torch.no_grad():
             next_value = agent.get_value(stale.next_obs)
         # rewards scaled once per trained rollout, in collection order, as officially (torchrun: one estimate)
@@ -422,13 +422,13 @@ def train(args: Args) -> dict:
         b_actions, b_behav_pis = stale.actions.reshape(-1), stale.behav_pis.reshape(-1, num_actions)
         b_behav_logps, b_advantages = stale.behav_logps.reshape(-1), advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), stale.values.reshape(-1)
-        if args.norm_adv:  # full-batch normalization (the EwmaMoments of ppo_ewma.py with span 1)
+        if args.norm_adv:  # full-batch normalization
             all_advantages = harness.global_batch(b_advantages)  # torchrun: all workers' advantages
             b_advantages = (b_advantages - all_advantages.mean()) / (all_advantages.std(unbiased=False) + 1e-8)
 
         # pi_recent: the weights before this iteration's updates, computed once and held fixed.
         # With k = 0 they are the weights that just collected the rollout: pi_recent = pi_behav.
-        if args.staleness == 0:
+        if args.staleness == 0:  # the same weights give the same logits: no forward pass
             b_recent_pis, b_recent_logps = b_behav_pis, b_behav_logps
         else:
             b_recent_pis = harness.in_chunks(agent.get_pi, b_obs, recent_chunk_size)
@@ -445,7 +445,8 @@ def train(args: Args) -> dict:
                 new_logp, entropy = log_prob_and_entropy(new_pi, b_actions[mb_inds])
                 prox_logp, is_logp = b_prox_logps[mb_inds], b_is_logps[mb_inds]
 
-                # L^CLIP_decoupled with pi_prox, pi_behav := the two policies the objective picked
+                # L^CLIP_decoupled with pi_prox, pi_behav := the two policies the objective picked; the cap acts on
+                # the importance weight pi/pi_is, as the official code's
                 pg_loss = decoupled_clip_loss(new_logp, prox_logp, is_logp, b_advantages[mb_inds],
                                               args.clip_coef, args.max_is_ratio)
                 v_loss = value_loss(new_value, b_returns[mb_inds])
@@ -512,8 +513,8 @@ def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
 
 
 def count_iterations(args: Args, world_size: int, checkpoint) -> int:
-    """Iterations of the run: k warm-up rollouts, then num_iterations trained ones. The queue is not saved, so a
-    resumed run collects as many rollouts as its checkpoint's queue held again."""
+    """Iterations of the run: k warm-up rollouts, then num_iterations trained ones. The queue is not saved (k rollouts
+    of 0.8 GB at the paper's scale), so a resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
         return checkpoint["num_iterations"] + checkpoint["queued"]
     return harness.batch_sizes(args, world_size)[2] + args.staleness
