@@ -38,7 +38,8 @@ if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DAT
   runs | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
   for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
-  python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA"
+  python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS \
+    losses/clipfrac losses/clipfrac_fresh losses/clipfrac_replayed losses/ratio_max
 fi
 for env in HalfCheetah Hopper; do
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
@@ -47,4 +48,7 @@ for env in HalfCheetah Hopper; do
   python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 $compare \
     --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps" \
     --label '-L1$=PPO (L = 1)' --label '-L2$=PPO-ER (L = 2)'
+  for tag in losses/clipfrac losses/clipfrac_fresh losses/clipfrac_replayed losses/ratio_max charts/SPS; do
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --tag $tag --window 1
+  done  # the diagnostics of docs/ppo_er.md: each a mean over all iterations
 done
