@@ -225,7 +225,7 @@ def train(args: Args) -> dict:
     action_low = torch.as_tensor(envs.single_action_space.low, device=device)
     action_high = torch.as_tensor(envs.single_action_space.high, device=device)
 
-    rollout_shape = (args.num_steps, args.num_envs)  # [N/K, K]: each actor's steps, the K actors
+    rollout_shape = (args.num_steps, args.num_envs)  # [N/K, K]: steps of the K actors ([T, N] of compute_gae)
     obs = torch.zeros(rollout_shape + obs_shape, device=device)
     actions, behav_means, behav_log_stds = (torch.zeros(rollout_shape + action_shape, device=device) for _ in range(3))
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))

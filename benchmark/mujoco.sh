@@ -48,7 +48,7 @@ for env in HalfCheetah Hopper; do
   python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 $compare \
     --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps" \
     --label '-L1$=PPO (L = 1)' --label '-L2$=PPO-ER (L = 2)'
-  grep -q "^$env-v5,ppo-er-L2," <(zcat "$DATA") || continue  # the diagnostics, once a replay (L = 2) ran
+  grep -q "^$env-v5,ppo-er-L2,[0-9]*,losses/clipfrac," <(zcat "$DATA") || continue  # once an L = 2 run logged them
   for tag in losses/clipfrac losses/clipfrac_fresh losses/clipfrac_replayed losses/ratio_max charts/SPS; do
     python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --tag $tag --window 1
   done  # the diagnostics of docs/ppo_er.md: each a mean over all iterations

@@ -157,7 +157,7 @@ def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_auxiliary_phase():
     assert (new.ewma_com, new.adv_norm_span) == (32.0, 4.0)
     # the phase batch size N_pi x T x N is unchanged: 128 * 256 * 64 = 32 * 256 * 256 = 2,097,152
     assert new.n_pi * new.num_steps * new.num_envs == args.n_pi * args.num_steps * args.num_envs == 2_097_152
-    # the auxiliary phase keeps its absolute settings (Appendix B): 512 minibatches of 4096 per epoch
+    # the auxiliary phase keeps its absolute settings (a simplification of Appendix B): 512 minibatches of 4096
     for name in ("aux_minibatch_size", "aux_learning_rate", "aux_epochs", "beta_clone", "num_steps"):
         assert getattr(new, name) == getattr(args, name)
     off = apply_batch_divisor(dataclasses.replace(args, batch_divisor=4, adjust_n_pi=False))
