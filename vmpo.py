@@ -433,7 +433,7 @@ def train(args: Args) -> dict:
 
     for iteration in range(first_iteration, num_iterations + 1):
         # speed only: right after a sync (the default: at the end of every iteration) target == online, PopArt's
-        # statistics included, so one pass of the target gives both; the else branch is the general case
+        # statistics included, so one target pass gives the action and the online value; else: the general case
         in_sync = learning_steps % target_period == 0
         for step in range(args.num_steps):
             global_step += args.num_envs
