@@ -72,16 +72,15 @@ if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the t
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS \
     losses/approx_kl_behav_last losses/clipfrac losses/entropy losses/is_capped_frac
 fi
-FIGURES=("mujoco_ewma;ppo|com960;PPO-EWMA's centre of mass"  # image;variants;title
-         "mujoco_ewma_ages;ppo|com(?:8|107|320)(?:-tkl)?|ppo-tkl;PPO-EWMA's other centres of mass")
+FIGURES=("mujoco_ewma;ppo|com960;PPO-EWMA's centre of mass;--margin 0.15"  # image;variants;title;comparison
+         "mujoco_ewma_ages;ppo|com(?:8|107|320)(?:-tkl)?|ppo-tkl;PPO-EWMA's other centres of mass;")
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
   grep -q "^$env-v5," <(zcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   for figure in "${FIGURES[@]}"; do  # the margin's pair, then PPO against the other ages and the KL anchors
-    IFS=";" read -r image variants title <<< "$figure"
+    IFS=";" read -r image variants title margin <<< "$figure"
     grep -qP "^$env-v5,(${variants#ppo|})," <(zcat "$DATA") || continue  # not run yet
-    compare=$(grep -q "^$env-v5,ppo," <(zcat "$DATA") && echo "--baseline ppo" || true)  # once PPO ran
-    [ "$image" != mujoco_ewma ] || compare="$compare --margin 0.15"
+    compare=$(grep -q "^$env-v5,ppo," <(zcat "$DATA") && echo "--baseline ppo $margin" || true)  # once PPO ran
     python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__($variants)__\d+__\d+$" --threshold "$threshold" \
       $compare --out "$ROOT/docs/img/${image}_$env.png" --title "$title, $env-v5, 1M steps" \
       --label '^ppo$=PPO' --label '^ppo-tkl$=PPO, --target-kl 0.02' --label '^com(\d+)$=PPO-EWMA, centre of mass \1' \
