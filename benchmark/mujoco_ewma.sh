@@ -70,7 +70,7 @@ if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the t
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
   for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS \
-    losses/approx_kl_behav_last losses/clipfrac losses/entropy losses/is_capped_frac
+    losses/approx_kl_behav_last losses/clipfrac losses/entropy losses/is_capped_frac charts/update_epochs_run
 fi
 FIGURES=("mujoco_ewma;ppo|com960;PPO-EWMA's centre of mass;--margin 0.15"  # image;variants;title;comparison
          "mujoco_ewma_ages;ppo|com(?:8|107|320)(?:-tkl)?|ppo-tkl;PPO-EWMA's other centres of mass;")
@@ -87,7 +87,8 @@ for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo
       --label '^com(\d+)-tkl$=PPO-EWMA, centre of mass \1, --target-kl 0.02'
   done
   group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
-  for tag in approx_kl_behav_last clipfrac entropy is_capped_frac; do  # why: each over the last 10% of steps
-    python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --tag "losses/$tag"
+  for tag in losses/{approx_kl_behav_last,clipfrac,entropy,is_capped_frac} charts/update_epochs_run; do  # why: each
+    grep -q "^$env-v5,[^,]*,[0-9]*,$tag," <(zcat "$DATA") || continue  # the epochs run: only with --target-kl
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --tag "$tag"  # over the last 10% of steps
   done
 done
