@@ -87,8 +87,8 @@ for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo
       --label '^com(\d+)-tkl$=PPO-EWMA, centre of mass \1, --target-kl 0.02'
   done
   group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
-  for tag in losses/{approx_kl_behav_last,clipfrac,entropy,is_capped_frac} charts/update_epochs_run; do  # why: each
-    grep -q "^$env-v5,[^,]*,[0-9]*,$tag," <(zcat "$DATA") || continue  # the epochs run: only with --target-kl
-    python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --tag "$tag"  # over the last 10% of steps
+  for tag in losses/{approx_kl_behav_last,clipfrac,entropy,is_capped_frac} charts/update_epochs_run; do  # why
+    grep -q "^$env-v5,[^,]*,[0-9]*,$tag," <(zcat "$DATA") || continue  # the epochs run: logged with --target-kl
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --tag "$tag"  # each over the last 10% of steps
   done
 done
