@@ -74,13 +74,14 @@ if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the t
 fi
 FIGURES=("mujoco_ewma;ppo|com960;PPO-EWMA's centre of mass;--margin 0.15"  # image;variants;title;comparison
          "mujoco_ewma_ages;ppo|com(?:8|107|320)(?:-tkl)?|ppo-tkl;PPO-EWMA's other centres of mass;")
+logged=$(zcat "$DATA" 2> /dev/null | cut -d, -f1,2,4 | sort -u || true)  # env,variant,tag: what the runs logged
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
-  grep -q "^$env-v5," <(zcat "$DATA" 2> /dev/null) || continue
+  grep -q "^$env-v5," <<< "$logged" || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   for figure in "${FIGURES[@]}"; do  # the margin's pair, then PPO against the other ages and the KL anchors
     IFS=";" read -r image variants title margin <<< "$figure"
-    grep -qP "^$env-v5,(${variants#ppo|})," <(zcat "$DATA") || continue  # not run yet
-    compare=$(grep -q "^$env-v5,ppo," <(zcat "$DATA") && echo "--baseline ppo $margin" || true)  # once PPO ran
+    grep -qP "^$env-v5,(${variants#ppo|})," <<< "$logged" || continue  # not run yet
+    compare=$(grep -q "^$env-v5,ppo," <<< "$logged" && echo "--baseline ppo $margin" || true)  # once PPO ran
     python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__($variants)__\d+__\d+$" --threshold "$threshold" \
       $compare --out "$ROOT/docs/img/${image}_$env.png" --title "$title, $env-v5, 1M steps" \
       --label '^ppo$=PPO' --label '^ppo-tkl$=PPO, --target-kl 0.02' --label '^com(\d+)$=PPO-EWMA, centre of mass \1' \
@@ -88,7 +89,7 @@ for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo
   done
   group="^${env}-v5__(ppo|com\d+(?:-tkl)?|ppo-tkl)__\d+__\d+$"
   for tag in losses/{approx_kl_behav_last,clipfrac,entropy,is_capped_frac} charts/update_epochs_run; do  # why
-    grep -q "^$env-v5,[^,]*,[0-9]*,$tag," <(zcat "$DATA") || continue  # the epochs run: logged with --target-kl
+    grep -q "^$env-v5,[^,]*,$tag$" <<< "$logged" || continue  # the epochs run: logged with --target-kl
     python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --tag "$tag"  # each over the last 10% of steps
   done
 done
