@@ -105,6 +105,9 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """scale rewards by a running std of the discounted return (not in the paper, which relies on PopArt)"""
     min_std: float = 1e-3
     """Gaussian std = softplus(head output) + min_std (not in the paper: keeps log-probs finite)"""
+    state_dependent_std: bool = True
+    """the Gaussian's std is an output of the policy network; --no-state-dependent-std: one learned std per action
+    dimension for every state, as PPO's (the paper does not say which; same softplus, floor and initial std)"""
 
 
 def norm_obs(args: Args) -> bool:
@@ -237,12 +240,13 @@ def mlp(in_dim, hidden):
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value
     heads. Box actions, as the paper's Gym agents (Appendix F): the policy and the value each have their own MLP
-    (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std.
+    (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std
+    (--no-state-dependent-std: one learned std vector).
 
     The policy `pi` is categorical logits [B, A] for Discrete actions, or (mean, std), both [B, D], for Box actions.
     """
 
-    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3):
+    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
@@ -255,15 +259,20 @@ class Agent(nn.Module):
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:
             self.torso, hidden = mlp(obs_shape[0], 64), 64
-        num_outputs = 2 * action_space.shape[0] if self.continuous else action_space.n
+        num_outputs = (1 + state_dependent_std) * action_space.shape[0] if self.continuous else action_space.n
         self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
         self.critic = PopArt(hidden, beta=popart_beta)
+        if self.continuous and not state_dependent_std:  # softplus(0): the state-dependent head's std at init
+            self.std_param = nn.Parameter(torch.zeros(action_space.shape[0]))
 
     def policy(self, hidden):
         out = self.actor(hidden)
         if not self.continuous:
             return out
-        mean, std_param = out.chunk(2, dim=-1)
+        if hasattr(self, "std_param"):  # --no-state-dependent-std
+            mean, std_param = out, self.std_param.expand_as(out)
+        else:
+            mean, std_param = out.chunk(2, dim=-1)
         return mean, F.softplus(std_param) + self.min_std
 
     def get_pi(self, obs):
@@ -396,7 +405,7 @@ def train(args: Args) -> dict:
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
-    agent = Agent(envs, args.popart_beta, args.min_std).to(device)
+    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
     target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
     # Lagrange multipliers: plain parameters of the same Adam, projected after every step
     eta = nn.Parameter(torch.tensor(args.eta_init, device=device))
@@ -569,7 +578,7 @@ def check_args(args: Args, observation_space, action_space) -> None:
 
 def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's acting network (V-MPO: the target network) as obs -> sampled env actions."""
-    agent = Agent(envs, args.popart_beta, args.min_std).to(device)
+    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
     agent.load_state_dict(models["target_agent"])
 
     def sample(obs):

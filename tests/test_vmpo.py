@@ -391,6 +391,21 @@ def test_box_actions_have_separate_policy_and_value_mlps_of_256_units():
     assert discrete.value_torso is None and widths(discrete.torso) == [64, 64]  # one torso, as before
 
 
+def test_state_independent_std_is_one_learned_vector_with_the_default_initial_std():
+    envs = vmpo.make_env(vmpo.Args(env_id="HalfCheetah-v5", num_envs=1, cuda=False))
+    torch.manual_seed(0)
+    default, independent = vmpo.Agent(envs), vmpo.Agent(envs, state_dependent_std=False)
+    obs = torch.randn(4, 17)
+    # the default's head outputs are near 0 at init, so its std is near softplus(0) + 1e-3 = log 2 + 1e-3 = 0.69415
+    assert torch.allclose(default.get_pi(obs)[1], torch.tensor(0.69415), atol=0.02)
+    mean, std = independent.get_pi(obs)
+    assert mean.shape == std.shape == (4, 6)
+    assert torch.equal(std, torch.full((4, 6), float(torch.nn.functional.softplus(torch.tensor(0.0))) + 1e-3))
+    std.sum().backward()  # the std's gradient reaches its vector alone, not the network
+    assert independent.std_param.grad is not None and all(p.grad is None for p in independent.actor.parameters())
+    envs.close()
+
+
 def test_observation_and_reward_statistics_round_trip_and_freeze():
     # Pendulum normalizes observations (per env) and rewards; run 50 steps, save, load into a fresh stack
     args = vmpo.Args(env_id="Pendulum-v1", num_envs=2, num_steps=8, num_minibatches=2, cuda=False)
