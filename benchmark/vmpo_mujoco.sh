@@ -5,6 +5,8 @@
 # when given the same OUT).
 # Fixed before the runs: the final return is each seed's mean over its last 10% of steps (100k); the thresholds
 # are 1,000 (HalfCheetah), 1,500 (Hopper, Walker2d), as in mujoco_ewma.sh.
+# Then the ablation of docs/vmpo.md, planned before its runs: the recipe with one change each (flags() below, in
+# the plan's order), Hopper-v5 and Walker2d-v5, seeds 1-3, against the recipe's and PPO's runs above.
 # Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
 # unfinished runs and skips the finished ones (model.pt). `bash benchmark/vmpo_mujoco.sh --list` prints the runs;
 # `bash benchmark/vmpo_mujoco.sh 'REGEX'` runs only those whose line matches, `--plot` none; then the tables and
@@ -19,14 +21,29 @@ VMPO="$VMPO --learning-rate 3e-4 --multiplier-lr 1e-2 --total-timesteps 1000000"
 PPO="ppo_ewma.py --no-ewma --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 --shuffle-samples"
 PPO="$PPO --learning-rate 3e-4 --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000"
 
+ABLATION="vmpo-std-bound vmpo-std-global vmpo-multiplier-lr vmpo-top-k vmpo-passes vmpo-target-period vmpo-n39"
+flags() {  # a V-MPO variant's change to the recipe (given after it, so it overrides the recipe's value)
+  case $1 in
+    vmpo-std-bound) echo "--eps-alpha-std 5e-4" ;;  # 10x the upper end of the paper's [5e-6, 5e-5)
+    vmpo-std-global) echo "--no-state-dependent-std" ;;  # one learned std vector, as PPO's
+    vmpo-multiplier-lr) echo "--multiplier-lr 3e-4" ;;  # = --learning-rate: the paper's one Adam for all
+    vmpo-top-k) echo "--top-k-fraction 0.25" ;;  # the top quarter of the advantages, not the paper's half
+    vmpo-passes) echo "--update-epochs 5" ;;  # 5 passes over each rollout, not 10
+    vmpo-target-period) echo "--target-period 10" ;;  # the target synced 8 times an iteration, not once
+    vmpo-n39) echo "--num-steps 39 --target-period 100" ;;  # the paper's n and T_target: 6.6x the learning steps
+  esac
+}
 runs() {
   for name in vmpo ppo; do for seed in 1 2 3; do for env in HalfCheetah-v5 Hopper-v5 Walker2d-v5; do
+    echo "$env $seed $name"
+  done; done; done
+  for name in $ABLATION; do for seed in 1 2 3; do for env in Hopper-v5 Walker2d-v5; do
     echo "$env $seed $name"
   done; done; done
 }
 run() {  # env seed name: resume, skip or start one run
   local env=$1 seed=$2 name=$3 dir command
-  command=$([ "$name" = vmpo ] && echo "$VMPO" || echo "$PPO")
+  command=$([ "$name" = ppo ] && echo "$PPO" || echo "$VMPO $(flags "$name")")
   dir=$(ls -d "$OUT/runs/${env}__${name}__${seed}__"* 2> /dev/null | head -n 1 || true)
   if [ -n "$dir" ] && [ -e "$dir/model.pt" ]; then return; fi
   if [ -n "$dir" ] && [ -e "$dir/checkpoint.pt" ]; then
@@ -40,7 +57,7 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 
 mkdir -p "$OUT/logs" && cd "$OUT"
 export OMP_NUM_THREADS=1 ROOT OUT VMPO PPO
-export -f run
+export -f run flags
 [ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
 if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the tables and plots read
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
