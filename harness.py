@@ -16,10 +16,10 @@ This module never imports a script and holds no algorithm.
 import ctypes
 import dataclasses
 import difflib
+import enum
 import importlib.util
 import math
 import os
-import pickle
 import platform
 import random
 import shlex
@@ -191,7 +191,6 @@ def gymnasium_envs(env_id: str, num_envs: int, norm_obs: bool = False, render_mo
     """gymnasium.make_vec's sync envs with SAME_STEP autoreset. norm_obs normalizes each env's observations by
     running statistics inside the autoreset, so that info["final_obs"] is normalized too (Gymnasium 1.4's vector
     NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10."""
-    # partials, not lambdas: checkpoints pickle each env's wrappers to resume it exactly
     clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
                    observation_space=None)
     return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", render_mode=render_mode,
@@ -766,8 +765,9 @@ class Progress:
 
 # ----------------------------------------------------------------------------- checkpoints and resume
 def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
-    """The one checkpoint format (torch.load(weights_only=True) reads it): Args, `saved`'s states, the env stack's
-    normalizers, the random state, the envs, and `keys` (global_step, iteration, ..., and a script's own)."""
+    """The one checkpoint format, tensors and plain data only, so that torch.load(weights_only=True) reads it and loading
+    one runs no code: Args, `saved`'s states, the env stack's normalizers, the random state, the envs (env_state), and
+    `keys` (global_step, iteration, ..., and a script's own)."""
     return {
         "args": dataclasses.asdict(args),
         "models": {name: model.state_dict() for name, model in saved.models.items()},
@@ -837,7 +837,7 @@ def resume_from(args, script: Script) -> tuple:
 
 def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done) -> tuple:
     """Load a checkpoint into `saved` and the envs: (global_step, first iteration, next_obs, next_done). Gymnasium
-    envs continue exactly; Procgen's (not picklable) restart, keeping their normalizers' statistics."""
+    envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their normalizers' statistics."""
     missing = [name for name in saved.models if name not in checkpoint["models"]]
     if missing:
         raise SystemExit(f"--resume: the checkpoint holds no {', '.join(missing)}; it is not this script's.")
@@ -849,10 +849,14 @@ def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done) -> tuple:
         if name in checkpoint["normalizers"]:  # a checkpoint's older scripts may lack one
             vars(normalizer).update(checkpoint["normalizers"][name])
     saved_env = checkpoint["env"]
-    if saved_env["state"] is not None:
-        restore_env_state(envs, saved_env["state"])
+    if isinstance(saved_env["state"], bytes):  # written before checkpoints held only data
+        restarts = "its env state is a pickle, which is not loaded: unpickling can run code"
+    else:
+        restarts = restore_env_state(envs, saved_env["state"] or {"restarts": "Procgen's envs"})
+    if restarts is None:
         next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
     else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
+        print(f"note: --resume: the envs restart with new episodes ({restarts}).")
         next_done = torch.ones_like(next_done)
     load_normalizers(envs, checkpoint["normalizers"])
     set_rng_state(checkpoint["rng"])
@@ -905,29 +909,123 @@ def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
         wrapper.update_running_mean = not freeze
 
 
-def env_state(envs):
-    """Every layer of a Gymnasium vector env stack (wrappers, vector env, sub-envs with their RNGs), pickled
-    attribute by attribute; functions such as make_vec's env factories are left out. None for Procgen."""
-    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return None
+# The env stack's state, written as plain data, layer by layer: each wrapper, the vector env, and each sub-env's
+# wrappers and env. An attribute named here, or holding a space, an enum, a function, running statistics (the
+# checkpoint's normalizers) or MuJoCo's model or renderer, is the same in a rebuilt stack and is left out.
+NOT_ENV_STATE = {"env", "envs", "env_fns", "spec", "metadata", "_metadata", "_cached_spec", "_saved_kwargs",
+                 "_ezpickle_args", "_ezpickle_kwargs", "wrapper"}  # walked, or constant (wrapper: a reward transform)
+
+
+class NotData(Exception):
+    """An env attribute that cannot be written as plain data."""
+
+
+def to_data(value):
+    """value as data that torch.load(weights_only=True) reads: numbers, strings and None as they are, NumPy arrays and
+    scalars as tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf":  # first: np.float64 is a float
+        return torch.from_numpy(np.array(value))  # a copy
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, deque)):
+        return [to_data(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: to_data(item) for key, item in value.items()}
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    raise NotData(type(value).__name__)
+
+
+def from_data(data, like):
+    """to_data's inverse; `like`, the attribute's value in the rebuilt stack, gives back the types data lost."""
+    if isinstance(like, np.random.Generator):
+        like.bit_generator.state = data
+        return like
+    if isinstance(data, torch.Tensor):
+        array = data.numpy().copy()
+        return array if array.ndim or isinstance(like, np.ndarray) else array[()]  # a NumPy scalar
+    if isinstance(data, list):
+        likes = list(like) if isinstance(like, (list, tuple, deque)) and len(like) == len(data) else [None] * len(data)
+        items = [from_data(item, item_like) for item, item_like in zip(data, likes)]
+        return deque(items, like.maxlen) if isinstance(like, deque) else type(like)(items) \
+            if isinstance(like, tuple) else items
+    if isinstance(data, dict):
+        return {key: from_data(item, like.get(key) if isinstance(like, dict) else None) for key, item in data.items()}
+    return data
+
+
+def env_layers(envs) -> list:
+    """Every layer of a Gymnasium vector env stack: the vector wrappers, the vector env, then each sub-env's layers."""
     layers, env = [], envs
-    while env is not None:
-        layer = {}
-        for key, value in vars(env).items():
+    while isinstance(env, gym.vector.VectorWrapper):
+        layers.append(env)
+        env = env.env
+    layers.append(env)
+    for sub_env in env.envs:
+        while isinstance(sub_env, gym.Wrapper):
+            layers.append(sub_env)
+            sub_env = sub_env.env
+        layers.append(sub_env)
+    return layers
+
+
+def is_env_constant(value) -> bool:
+    """Whether an env attribute's value is the same in a rebuilt stack (see NOT_ENV_STATE)."""
+    constant = (gym.Space, enum.Enum, gym.wrappers.utils.RunningMeanStd)
+    mujoco, rendering = sys.modules.get("mujoco"), sys.modules.get("gymnasium.envs.mujoco.mujoco_rendering")
+    constant += (mujoco.MjModel,) if mujoco else ()
+    constant += (rendering.MujocoRenderer,) if rendering else ()
+    return callable(value) or isinstance(value, constant)
+
+
+def mujoco_data(value):
+    """MuJoCo's module if `value` is a simulator's MjData, else None."""
+    mujoco = sys.modules.get("mujoco")
+    return mujoco if mujoco is not None and isinstance(value, mujoco.MjData) else None
+
+
+def env_state(envs) -> dict:
+    """The env stack's state as data, or why it cannot be: {"layers": [{"class": name, "state": {attribute: data}}]}
+    or {"restarts": reason}. A MuJoCo env's MjData is saved as its integration state (time, positions, velocities,
+    activations, controls, applied forces, warm start)."""
+    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
+        return {"restarts": f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"}
+    layers = []
+    for layer in env_layers(envs):
+        state = {}
+        for key, value in vars(layer).items():
+            if key in NOT_ENV_STATE or is_env_constant(value):
+                continue
+            if mujoco := mujoco_data(value):
+                spec = mujoco.mjtState.mjSTATE_INTEGRATION
+                array = np.empty(mujoco.mj_stateSize(layer.model, spec))
+                mujoco.mj_getState(layer.model, value, array, spec)
+                state[key] = {"mujoco_state": torch.from_numpy(array)}
+                continue
             try:
-                layer[key] = pickle.dumps(value) if key != "env" else None
-            except (pickle.PicklingError, AttributeError, TypeError):
-                pass  # a function: the same in the restored stack
-        layers.append({key: value for key, value in layer.items() if value is not None})
-        env = getattr(env, "env", None)
-    return pickle.dumps(layers)
+                state[key] = to_data(value)
+            except NotData as error:
+                return {"restarts": f"{type(layer).__name__}.{key} holds a {error}, which cannot be saved as data"}
+        layers.append({"class": type(layer).__name__, "state": state})
+    return {"layers": layers}
 
 
-def restore_env_state(envs, state: bytes) -> None:
-    env = envs
-    for layer in pickle.loads(state):
-        vars(env).update({key: pickle.loads(value) for key, value in layer.items()})
-        env = getattr(env, "env", None)
+def restore_env_state(envs, saved: dict) -> Optional[str]:
+    """Put env_state's data back into a rebuilt stack; None, or why the envs restart instead. Reads data only."""
+    if "layers" not in saved:
+        return saved.get("restarts", "the checkpoint holds no env state")
+    layers = env_layers(envs)
+    if [type(layer).__name__ for layer in layers] != [layer["class"] for layer in saved["layers"]]:
+        return "the checkpoint's env stack is not the one these flags build"
+    for layer, saved_layer in zip(layers, saved["layers"]):
+        for key, data in saved_layer["state"].items():
+            like = getattr(layer, key, None)
+            if mujoco := mujoco_data(like):
+                spec = mujoco.mjtState.mjSTATE_INTEGRATION
+                mujoco.mj_setState(layer.model, like, data["mujoco_state"].numpy(), spec)
+            else:
+                setattr(layer, key, from_data(data, like))
+    return None
 
 
 # ------------------------------------------------------------------------------- evaluation and video

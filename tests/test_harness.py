@@ -313,6 +313,39 @@ def test_checkpoints_written_before_the_harness_still_resume_and_evaluate(tmp_pa
     assert resumed["global_step"] == 256 and os.path.exists("runs/old/model.pt")  # the 4th iteration, then model.pt
 
 
+class WritesAFile:
+    """A pickle that, when loaded, creates the file at `path`: any code could run in its place."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return open, (self.path, "w")
+
+
+def test_resuming_a_crafted_checkpoint_runs_none_of_its_code(tmp_path, monkeypatch, capsys):
+    import pickle
+
+    import ppo_ewma
+
+    monkeypatch.chdir(tmp_path)
+    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=1))
+    path = os.path.join(result["run_dir"], "checkpoint.pt")
+    checkpoint = torch.load(path, weights_only=True)
+    checkpoint["iteration"], checkpoint["global_step"] = 1, 64  # as after iteration 1, so that the resume trains
+    crafted = pickle.dumps(WritesAFile(str(tmp_path / "marker")))
+    checkpoint["env"]["state"]["layers"][0]["state"]["crafted"] = crafted  # bytes inside the data: kept as bytes
+    torch.save(checkpoint, path)
+    ppo_ewma.train(ppo_ewma.Args(resume=path))
+    checkpoint["env"]["state"] = crafted  # the whole env state a pickle, as checkpoints before held it
+    torch.save(checkpoint, path)
+    capsys.readouterr()
+    resumed = ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert resumed["global_step"] == 3 * 64 and not os.path.exists(tmp_path / "marker")
+    assert ("note: --resume: the envs restart with new episodes (its env state is a pickle, which is not loaded: "
+            "unpickling can run code)." in capsys.readouterr().out.splitlines())
+
+
 def test_a_checkpoint_of_another_script_is_refused_in_one_sentence(tmp_path, monkeypatch):
     import ppg_ewma
     import ppo_ewma

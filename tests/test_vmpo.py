@@ -446,12 +446,14 @@ class Killed(Exception):
     """Stands for the process being killed."""
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Hopper-v5"])
 def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path, env_id):
     """4 iterations. The killed run writes checkpoints every iteration and dies while writing the one of
     iteration 3, after iteration 3 was logged; resumed from iteration 2's checkpoint it must redo iteration 3
     (TensorBoard drops the first attempt) and 4, and log exactly what an uninterrupted run logs."""
     monkeypatch.chdir(tmp_path)
+    if env_id == "Hopper-v5":  # MuJoCo: the simulator's state and its time limit's counter come back from data
+        pytest.importorskip("mujoco")
     # Pendulum: 2 envs x 64 steps x 4 iterations, so each env finishes one 200-step episode (time limit)
     config = dict(TINY_CARTPOLE, env_id=env_id, num_steps=32 if env_id == "CartPole-v1" else 64)
     config["total_timesteps"] = 4 * 2 * config["num_steps"]
@@ -489,7 +491,7 @@ def test_resume_takes_only_cuda_from_the_command_line(monkeypatch, tmp_path):
         vmpo.train(vmpo.Args(resume="runs/x/checkpoint.pt", seed=3, total_timesteps=5, cuda=False))
 
 
-def test_resume_procgen_restarts_its_envs_fresh(monkeypatch, tmp_path):
+def test_resume_procgen_restarts_its_envs_fresh_and_says_so(monkeypatch, tmp_path, capsys):
     pytest.importorskip("procgen")
     monkeypatch.chdir(tmp_path)
     real_save = harness.save_checkpoint
@@ -506,11 +508,15 @@ def test_resume_procgen_restarts_its_envs_fresh(monkeypatch, tmp_path):
     monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/starpilot__*")
     checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
-    assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] is None  # Procgen cannot be pickled
+    assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] == {  # Procgen's C++ envs are not data
+        "restarts": "ProcgenVecEnv's envs cannot be saved as data"}
     assert "reward" in checkpoint["normalizers"]
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    capsys.readouterr()
     resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
     assert resumed["global_step"] == 32
+    assert ("note: --resume: the envs restart with new episodes (ProcgenVecEnv's envs cannot be saved as data)."
+            in capsys.readouterr().out.splitlines())
     assert [step for step, _ in read_scalars(run_dir)["losses/policy_loss"]] == [16, 32]
 
 
