@@ -2,13 +2,17 @@
 
 The two processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT on a free local port), so harness.start_workers() joins them, as under
-`torchrun --standalone --nproc_per_node 2`. They are forked, so they inherit the imported modules: about
-4 s a test on 2 busy cores, against 10 s for freshly spawned interpreters.
+`torchrun --standalone --nproc_per_node 2`. They are forked from a forkserver, never from the pytest process: on a
+machine with a GPU, a process that has run a backward pass (autograd's device threads start even for CPU tensors)
+or touched CUDA cannot fork a working child, and pytest's process has done both by then. The forkserver is a fresh
+interpreter that imports the scripts once and does neither, so each test still pays only a fork, not 2 new
+interpreters (measured on 2 busy cores: see run_two_workers).
 """
 import copy
 import glob
 import importlib
 import math
+import multiprocessing
 import os
 import signal
 import socket
@@ -50,9 +54,10 @@ def as_torchrun_worker(rank, port, fn, args):
 
 
 def run_two_workers(fn, *args, timeout=120):
-    """fn(rank, *args) in 2 forked processes; an assertion that fails in either one fails the test."""
+    """fn(rank, *args) in 2 processes forked by the forkserver; an assertion that fails in either fails the test."""
+    multiprocessing.set_forkserver_preload(["torch", "gymnasium", "harness", *SCRIPTS, __name__])  # once, at its start
     context = mp.start_processes(as_torchrun_worker, args=(free_port(), fn, args), nprocs=2, join=False,
-                                 start_method="fork")
+                                 start_method="forkserver")
     deadline = time.time() + timeout
     while not context.join(timeout=1.0):  # raises if a worker failed
         if time.time() > deadline:
