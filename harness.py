@@ -51,7 +51,9 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
 OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume takes from its own command line
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
-                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions")}
+                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
+                    "all": ((gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box),
+                            "Discrete, MultiDiscrete or Box actions")}
 
 
 @dataclass
@@ -82,8 +84,19 @@ class RunArgs:
     """every this many env steps (at the first iteration end past each multiple), play --eval-episodes episodes on
     envs of their own with the acting policy and log eval/mean_return: a measure that does not lag as episode ends
     do; 0: never"""
+    eval_deterministic: bool = False
+    """--eval-checkpoint, --eval-every and the video act with the policy's mode (the argmax of the logits, per
+    sub-action; the Gaussian's mean, clipped to the bounds), as SB3's evaluate_policy(deterministic=True); default:
+    actions sampled, as in training"""
     capture_video: bool = False
     """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
+    track: bool = False
+    """log the run to Weights & Biases (needs wandb): the TensorBoard scalars synced, the flags as the run's config;
+    --resume continues the same W&B run"""
+    wandb_project_name: str = "policy-optimization"
+    """the W&B project of --track"""
+    wandb_entity: Optional[str] = None
+    """the W&B entity (team or user) of --track; default: your W&B default"""
 
 
 def batch_sizes(args, world_size: int = 1) -> tuple[int, int, int]:
@@ -134,7 +147,7 @@ class Script:
     run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
     defaults: Callable = lambda args: args  # the command line's Args -> with the defaults run_args fills in
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
-    run_name: Callable = lambda args: f"{args.env_id}__{args.exp_name}__{args.seed}"  # the run directory's, less time
+    run_name: Callable = lambda args: f"{portable(args.env_id)}__{args.exp_name}__{args.seed}"  # the run dir's, less time
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
@@ -187,15 +200,58 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         self.venv.close()
 
 
-def gymnasium_envs(env_id: str, num_envs: int, norm_obs: bool = False, render_mode=None) -> gym.vector.VectorEnv:
-    """gymnasium.make_vec's sync envs with SAME_STEP autoreset. norm_obs normalizes each env's observations by
-    running statistics inside the autoreset, so that info["final_obs"] is normalized too (Gymnasium 1.4's vector
-    NormalizeObservation refuses SAME_STEP autoreset), then clips them to +-10."""
+def gymnasium_envs(env_id: str, num_envs: int, norm_obs: bool = False, render_mode=None,
+                   images: bool = True) -> gym.vector.VectorEnv:
+    """gymnasium.make_vec's sync envs with SAME_STEP autoreset, observations as vector_observations makes them.
+    norm_obs normalizes each env's observations by running statistics inside the autoreset, so that
+    info["final_obs"] is normalized too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset),
+    then clips them to +-10."""
     clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
                    observation_space=None)
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", render_mode=render_mode,
+    normalize = [gym.wrappers.NormalizeObservation, clip] if norm_obs else []
+    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
                         vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-                        wrappers=[gym.wrappers.NormalizeObservation, clip] if norm_obs else None)
+                        wrappers=[partial(vector_observations, images=images), *normalize],
+                        **({"render_mode": render_mode} if render_mode else {}))  # as gym.make: only if asked for
+
+
+def is_image(space) -> bool:
+    """A 64x64x3 uint8 image, what the IMPALA CNN takes."""
+    return isinstance(space, gym.spaces.Box) and space.shape == (64, 64, 3) and space.dtype == np.uint8
+
+
+def vector_observations(env: gym.Env, images: bool = True) -> gym.Env:
+    """The sub-env with observations an MLP takes: a Box of more than one dimension, or a Dict or Tuple of Boxes,
+    flattened by Gymnasium's FlattenObservation (a Dict's entries in the sorted order of its keys, in which
+    gym.spaces.Dict keeps them, a Tuple's in order, each Box row-major), and integer ones cast to float32. 64x64x3
+    images stay as they are where the script takes images (the IMPALA CNN's); a 1-D float Box gets no wrapper."""
+    space = env.observation_space
+    if images and is_image(space):
+        return env
+    if not (isinstance(space, gym.spaces.Box) and len(space.shape) == 1):
+        env = gym.wrappers.FlattenObservation(env)
+    return env if env.observation_space.dtype.kind == "f" else gym.wrappers.DtypeObservation(env, np.float32)
+
+
+def seen_observation_space(space, images: bool = True):
+    """The observation space the networks see after vector_observations (space: the env's own)."""
+    if images and is_image(space):
+        return space
+    flat = space if isinstance(space, gym.spaces.Box) and len(space.shape) == 1 else gym.spaces.flatten_space(space)
+    return flat if flat.dtype.kind == "f" else gym.spaces.Box(flat.low, flat.high, flat.shape, np.float32)
+
+
+def boxes_only(space) -> bool:
+    """A Box, or a Dict or Tuple (nested or not) of Boxes: what vector_observations can flatten."""
+    if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
+        parts = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
+        return all(boxes_only(part) for part in parts)
+    return isinstance(space, gym.spaces.Box)
+
+
+def portable(env_id: str) -> str:
+    """An env id as part of a directory name: a `module:EnvId`'s ':' and a namespace's '/' become '-'."""
+    return env_id.replace(":", "-").replace("/", "-")
 
 
 def obs_dtype(envs) -> torch.dtype:
@@ -302,8 +358,12 @@ def start(args, script: Script) -> "Run":
         lines["workers"] = (f"{plural(world_size, 'torchrun worker')} ({dist.get_backend()}), each with "
                             f"{run_args.num_envs} envs and seed {run_args.seed} + {run_args.num_envs} x rank; the "
                             f"flags printed and logged are rank 0's share")
+    if args.eval_every:
+        lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
+    wandb_run_id = start_tracking(args, run_dir, checkpoint) if args.track and rank == 0 else None  # before the writer
     writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
     run = Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)  # Ctrl-C handled
+    run.wandb_run_id = wandb_run_id
     print_startup(script, run_args.env_id, device_note, run_dir,  # from the start-up block on
                   dict(lines, saves=saves_note(args, world_size)))
     suggest_recipe(args, script)
@@ -315,6 +375,20 @@ def start(args, script: Script) -> "Run":
         if checkpoint is None:
             writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
     return run
+
+
+def start_tracking(args, run_dir: str, checkpoint) -> str:
+    """--track: a W&B run (its id returned, for checkpoints) that syncs the TensorBoard scalars, with the flags as its
+    config; a resumed run continues the W&B run of its checkpoint. W&B's history only grows: the steps that a
+    resume replays (logged after the last checkpoint by the run that stopped) appear twice there, where TensorBoard
+    keeps only the resumed run's."""
+    import wandb
+
+    run_id = checkpoint.get("wandb_run_id") if checkpoint else None
+    run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
+                     name=os.path.basename(os.path.normpath(run_dir)), id=run_id, resume="must" if run_id else None,
+                     sync_tensorboard=True)
+    return run.id
 
 
 def seed_everything(seed: int) -> None:
@@ -360,6 +434,7 @@ class Run:
         self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
         self.checkpoints = world_size == 1 and command_args.checkpoint_every != 0
         self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
+        self.wandb_run_id = None  # --track: the W&B run's id
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
@@ -449,7 +524,7 @@ class Run:
         save_checkpoint(os.path.join(self.run_dir, file_name), make_checkpoint(
             self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
             iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
-            script=self.script.name, **extra))
+            script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra))
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
         """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
@@ -469,6 +544,8 @@ class Run:
         if self.eval_envs is not None:
             self.eval_envs.close()
         self.writer.close()
+        if self.wandb_run_id is not None:
+            sys.modules["wandb"].finish()
         if dist.is_initialized():  # leave the group of workers
             dist.destroy_process_group()
         for sig, handler in self.old_handlers.items():
@@ -527,6 +604,8 @@ def check_args(args, script: Script) -> None:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
                          f"steps (--num-envs {run_args.num_envs} x --num-steps {run_args.num_steps}).")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
+    if args.track and importlib.util.find_spec("wandb") is None:
+        raise SystemExit("--track needs the wandb package, which is not installed: pip install wandb==0.31.0.")
 
 
 def check_ranges(args, ranges: dict) -> None:
@@ -544,11 +623,14 @@ def check_spaces(env_id: str, script: Script) -> tuple:
     types, needed = ACCEPTED_ACTIONS[script.actions]
     if not isinstance(action_space, types):
         raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs {needed}.")
-    if not isinstance(observation_space, gym.spaces.Box) or not (
-            len(observation_space.shape) == 1 or script.images and observation_space.shape == (64, 64, 3)):
-        needed = "vectors or 64x64x3 images" if script.images else "vectors"
-        raise SystemExit(f"--env-id {env_id} has {observation_space} observations; {script.name} needs {needed}.")
-    return observation_space, action_space
+    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim != 1:
+        raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs a 1-D MultiDiscrete.")
+    if np.any(getattr(action_space, "start", 0) != 0):
+        raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs them to start at 0.")
+    if not boxes_only(observation_space):
+        raise SystemExit(f"--env-id {env_id} has {observation_space} observations; {script.name} needs a Box, or a "
+                         f"Dict or Tuple of Boxes (flattened into one vector).")
+    return seen_observation_space(observation_space, script.images), action_space
 
 
 def env_spaces(env_id: str, procgen_games=()) -> tuple:
@@ -557,12 +639,15 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
         if importlib.util.find_spec("procgen") is None:
             raise SystemExit(f"--env-id {env_id} needs the procgen package: pip install -r requirements.txt.")
         return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
-    if env_id not in gym.registry:
+    try:
+        env = gym.make(env_id)  # a `module:EnvId` id imports the module first, which registers EnvId
+    except gym.error.UnregisteredEnv:
         close = difflib.get_close_matches(env_id, [*procgen_games, *gym.registry], n=1)
         raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env"
-                         + (f"; did you mean {close[0]}?" if close else "."))
-    try:
-        env = gym.make(env_id)
+                         + (f"; did you mean {close[0]}?" if close else ".")) from None
+    except ModuleNotFoundError as error:
+        module = env_id.split(":")[0] if ":" in env_id else error.name
+        raise SystemExit(f"--env-id {env_id}: its module {module} cannot be imported.") from None
     except gym.error.Error as error:
         raise SystemExit(f"--env-id {env_id} cannot be made: {error}") from None
     env.close()
@@ -644,7 +729,7 @@ def suggest_recipe(args, script: Script) -> None:
 
 def env_package(env_id: str) -> str:
     """The package of a registered env's class, e.g. gymnasium.envs.classic_control."""
-    return str(gym.spec(env_id).entry_point).split(":")[0].rsplit(".", 1)[0]
+    return str(gym.spec(env_id.split(":")[-1]).entry_point).split(":")[0].rsplit(".", 1)[0]
 
 
 # ---------------------------------------------------------------------------- device, CPU, run directory
@@ -1061,16 +1146,23 @@ def play(envs, act, num_episodes: int, seed: int) -> list:
     return [episode_return for env_returns in returns for episode_return in env_returns[:per_env]]
 
 
+def acting(args) -> str:
+    """How evaluation acts, in words."""
+    return "actions the policy's mode (--eval-deterministic)" if args.eval_deterministic else \
+        "actions sampled as in training"
+
+
 def evaluate(args, script: Script) -> dict:
-    """--eval-checkpoint: play the saved policy (sampled, as in training) on one env with the saved
-    normalization frozen; print and log (eval/mean_return, eval/std_return) the raw episodic return."""
+    """--eval-checkpoint: play the saved policy (sampled as in training, or its mode with --eval-deterministic) on one
+    env with the saved normalization frozen; print and log (eval/mean_return, eval/std_return) the raw return."""
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
     if args.resume is not None:
         raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
     if args.capture_video:
         check_video_dependency()
     checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = script.run_args(script.args_type(**checkpoint["args"]))  # as the run trained
+    run_args = script.run_args(script.args_type(**checkpoint["args"]))  # as the run trained, acting as told here
+    run_args = dataclasses.replace(run_args, eval_deterministic=args.eval_deterministic)
     if args.capture_video:
         check_rendering(run_args.env_id, script.procgen_games)
     check_writable("runs")
@@ -1082,7 +1174,7 @@ def evaluate(args, script: Script) -> dict:
     run_dir = make_run_dir(dataclasses.replace(run_args, resume=None), f"{checkpoint_dir}__eval")  # after its run
     print_startup(script, run_args.env_id, device_note, run_dir, {
         "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-        "episodes": f"{args.eval_episodes}, seed {args.seed}, actions sampled as in training, normalization frozen"})
+        "episodes": f"{args.eval_episodes}, seed {args.seed}, {acting(args)}, normalization frozen"})
     if args.capture_video:
         envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
                                                episode_trigger=lambda episode: episode < args.eval_episodes)
@@ -1096,11 +1188,12 @@ def evaluate(args, script: Script) -> dict:
     envs.close()
     mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
     writer = SummaryWriter(run_dir)
-    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, returns {returns}")
+    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, {acting(args)}, returns "
+                            f"{returns}")
     writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
     writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
     writer.close()
-    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes")
+    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes ({acting(args)})")
     return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
             "global_step": checkpoint["global_step"]}
 

@@ -720,11 +720,15 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
 
 
 def acting_policy(args: Args, envs, models: dict, device):
-    """The checkpoint's policy network (not the EWMA) as obs -> sampled env actions."""
+    """The checkpoint's policy network (not the EWMA) as obs -> env actions, sampled or (--eval-deterministic) the
+    most likely."""
     policy = PolicyNetwork(envs).to(device)
     policy.load_state_dict(models["policy"])
-    return harness.actor(lambda obs: torch.distributions.Categorical(logits=policy.get_pi(obs)).sample(), envs,
-                         device)
+
+    def act(obs):
+        logits = policy.get_pi(obs)
+        return logits.argmax(-1) if args.eval_deterministic else torch.distributions.Categorical(logits=logits).sample()
+    return harness.actor(act, envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

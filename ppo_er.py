@@ -79,7 +79,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
 # ---------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """Vectorized env with raw-score episode statistics and reward scaling (observations: harness.gymnasium_envs)."""
-    envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode)
+    envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode, images=False)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
     if args.norm_reward:
         envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
@@ -375,14 +375,15 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
 
 
 def acting_policy(args: Args, envs, models: dict, device):
-    """The checkpoint's policy network as obs -> sampled env actions (clipped to the bounds, as in training)."""
+    """The checkpoint's policy network as obs -> env actions, sampled or (--eval-deterministic) the mean, clipped to
+    the bounds as in training."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
 
-    def sample(obs):
+    def act(obs):
         mean, log_std = agent.get_pi(obs)
-        return mean + log_std.exp() * torch.randn_like(mean)
-    return harness.actor(sample, envs, device)
+        return mean if args.eval_deterministic else mean + log_std.exp() * torch.randn_like(mean)
+    return harness.actor(act, envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

@@ -42,8 +42,8 @@ import harness
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
     # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
-    """a Procgen game, or a Gymnasium env with vector observations and discrete (CartPole-v1) or continuous
-    (Pendulum-v1, HalfCheetah-v5) actions"""
+    """a Procgen game, or any id gym.make takes (`module:EnvId` too) with Box, Dict or Tuple observations and
+    Discrete (CartPole-v1), MultiDiscrete or Box (Pendulum-v1, HalfCheetah-v5) actions"""
     distribution_mode: Literal["easy", "hard"] = "hard"
     """Procgen difficulty (the paper: hard)"""
     num_levels: int = 0
@@ -256,18 +256,21 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
     Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for a diagonal Gaussian's mean and the value, and
-    a state-independent log-std. The policy's parameters pi, [B, P]: logits, or the mean and log-std side by side."""
+    a state-independent log-std. The policy's parameters pi, [B, P]: logits (MultiDiscrete: each sub-action's side by
+    side), or the mean and log-std side by side."""
 
     def __init__(self, envs):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
+        multi = isinstance(action_space, gym.spaces.MultiDiscrete)
+        self.nvec = action_space.nvec.tolist() if multi else None  # MultiDiscrete: each sub-action's number of values
         if self.continuous:
             obs_dim, action_dim = int(np.prod(obs_shape)), int(np.prod(action_space.shape))
             self.actor_mean, self.critic = mlp(obs_dim, action_dim, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
             self.actor_log_std = nn.Parameter(torch.zeros(action_dim))  # log sigma, one per action dim
             return
-        num_actions = action_space.n
+        num_actions = sum(self.nvec) if multi else action_space.n
         if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
             self.torso = ImpalaCNN(obs_shape[-1])
             self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
@@ -468,26 +471,44 @@ def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
     return (log_std_q - log_std_p + 0.5 * (var_ratio + (mean_p - mean_q) ** 2 / torch.exp(2 * log_std_q)) - 0.5).sum(-1)
 
 
-def policy_log_prob_and_entropy(pi, actions, continuous=False):
+def policy_log_prob_and_entropy(pi, actions, continuous=False, nvec=None):
     """log pi(a|s) of `actions` and the entropy, both [B]; pi [B, P]: categorical logits, or Gaussian mean and
-    log-std side by side."""
+    log-std side by side. MultiDiscrete (nvec: each sub-action's number of values): the sub-actions' logits side by
+    side, one independent categorical each, so that their log-probs and entropies add; actions [B, K]."""
     if continuous:
         mean, log_std = pi.chunk(2, dim=-1)
         return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
+    if nvec is not None:
+        parts = [log_prob_and_entropy(logits, a) for logits, a in zip(pi.split(nvec, -1), actions.unbind(-1))]
+        return sum(logp for logp, _ in parts), sum(entropy for _, entropy in parts)
     return log_prob_and_entropy(pi, actions)
 
 
-def policy_kl(pi_p, pi_q, continuous=False):
-    """Per-sample KL[p || q] between two policies' parameters (see policy_log_prob_and_entropy), [B]."""
-    return gaussian_kl(*pi_p.chunk(2, dim=-1), *pi_q.chunk(2, dim=-1)) if continuous else categorical_kl(pi_p, pi_q)
+def policy_kl(pi_p, pi_q, continuous=False, nvec=None):
+    """Per-sample KL[p || q] between two policies' parameters (see policy_log_prob_and_entropy), [B]; MultiDiscrete:
+    the sum of the sub-actions' KLs."""
+    if continuous:
+        return gaussian_kl(*pi_p.chunk(2, dim=-1), *pi_q.chunk(2, dim=-1))
+    if nvec is not None:
+        return sum(categorical_kl(p, q) for p, q in zip(pi_p.split(nvec, -1), pi_q.split(nvec, -1)))
+    return categorical_kl(pi_p, pi_q)
 
 
-def sample_actions(pi, continuous=False):
-    """a ~ pi(.|s) for each row of pi, without a device sync."""
+def sample_actions(pi, continuous=False, nvec=None):
+    """a ~ pi(.|s) for each row of pi, without a device sync (MultiDiscrete: [B, K], one draw per sub-action)."""
     if continuous:
         mean, log_std = pi.chunk(2, dim=-1)
         return mean + log_std.exp() * torch.randn_like(mean)
+    if nvec is not None:
+        return torch.stack([sample_actions(logits) for logits in pi.split(nvec, -1)], dim=-1)
     return torch.distributions.Categorical(logits=pi, validate_args=False).sample()
+
+
+def policy_mode(pi, continuous=False, nvec=None):
+    """--eval-deterministic: the most likely action of each row of pi (the Gaussian's mean; each sub-action's argmax)."""
+    if continuous:
+        return pi.chunk(2, dim=-1)[0]
+    return torch.stack([logits.argmax(-1) for logits in pi.split(nvec, -1)], -1) if nvec else pi.argmax(-1)
 
 
 # ------------------------------------------------------------------------------------- training
@@ -514,7 +535,7 @@ def train(args: Args) -> dict:
     warn_about_settings(args, agent.continuous)
 
     # rollout storage
-    continuous, action_space = agent.continuous, envs.single_action_space
+    continuous, nvec, action_space = agent.continuous, agent.nvec, envs.single_action_space
     if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
         action_low = torch.as_tensor(action_space.low, device=device)
         action_high = torch.as_tensor(action_space.high, device=device)
@@ -523,7 +544,7 @@ def train(args: Args) -> dict:
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
     action_dtype = torch.float32 if continuous else torch.long
     actions = torch.zeros(rollout_shape + action_shape, dtype=action_dtype, device=device)
-    pi_size = 2 * int(np.prod(action_shape)) if continuous else action_space.n
+    pi_size = 2 * int(np.prod(action_shape)) if continuous else sum(nvec) if nvec else action_space.n
     behav_pis = torch.zeros(rollout_shape + (pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
     behav_logps, rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(4))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
@@ -548,9 +569,9 @@ def train(args: Args) -> dict:
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_pi, values[step] = agent(next_obs)
-            action = sample_actions(step_pi, continuous)
+            action = sample_actions(step_pi, continuous, nvec)
             actions[step], behav_pis[step] = action, step_pi
-            behav_logps[step] = policy_log_prob_and_entropy(step_pi, action, continuous)[0]
+            behav_logps[step] = policy_log_prob_and_entropy(step_pi, action, continuous, nvec)[0]
 
             env_action = torch.clamp(action, action_low, action_high) if continuous else action
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
@@ -592,10 +613,10 @@ def train(args: Args) -> dict:
                 mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
                 new_pi, new_value = agent(mb_obs)
-                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, continuous)
+                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, continuous, nvec)
                 if ewma_agent is not None:  # PPO-EWMA: pi_prox is the EWMA network's policy
                     prox_pi = harness.in_chunks(ewma_agent.get_pi, mb_obs, prox_chunk_size)
-                    prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
+                    prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous, nvec)[0]
                 else:  # PPO: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
 
@@ -603,7 +624,7 @@ def train(args: Args) -> dict:
                     pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
                                                   args.clip_coef, args.max_is_ratio)
                 else:
-                    kl = policy_kl(prox_pi, new_pi, continuous)  # KL[pi_prox || pi]
+                    kl = policy_kl(prox_pi, new_pi, continuous, nvec)  # KL[pi_prox || pi]
                     pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
                                                 args.max_is_ratio)
                 v_loss = (clipped_value_loss(new_value, b_values[mb_inds], b_returns[mb_inds], args.clip_coef)
@@ -712,9 +733,11 @@ def check_args(args: Args, observation_space, action_space) -> None:
     # scaled reward
     continuous = isinstance(action_space, gym.spaces.Box)
     obs_bytes = math.prod(observation_space.shape) * (1 if observation_space.dtype == np.uint8 else 4)
-    action_bytes = 4 * math.prod(action_space.shape) if continuous else 8
-    sample_bytes = obs_bytes + action_bytes + 4 * ((3 * math.prod(action_space.shape) if continuous else action_space.n)
-                                                   + 7)
+    action_bytes = (4 if continuous else 8) * math.prod(action_space.shape)  # a Discrete's shape is ()
+    multi = isinstance(action_space, gym.spaces.MultiDiscrete)
+    pi_floats = 3 * math.prod(action_space.shape) if continuous else int(action_space.nvec.sum()) if multi else \
+        action_space.n
+    sample_bytes = obs_bytes + action_bytes + 4 * (pi_floats + 7)
     harness.check_memory(adjusted.num_envs * adjusted.num_steps * sample_bytes, args.cuda, "The rollout buffers",
                          "--num-envs or --num-steps")
 
@@ -735,16 +758,17 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
 
 
 def acting_policy(args: Args, envs, models: dict, device):
-    """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> sampled env actions
-    (clipped to the bounds for continuous actions, as in training)."""
+    """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> env actions, sampled or
+    (--eval-deterministic) the mode; clipped to the bounds for continuous actions, as in training."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    return harness.actor(lambda obs: sample_actions(agent.get_pi(obs), agent.continuous), envs, device)
+    act = policy_mode if args.eval_deterministic else sample_actions
+    return harness.actor(lambda obs: act(agent.get_pi(obs), agent.continuous, agent.nvec), envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
-                        run_args=apply_batch_divisor, worker_share=harness.worker_share, procgen=True, actions="any")
+                        run_args=apply_batch_divisor, worker_share=harness.worker_share, procgen=True, actions="all")
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

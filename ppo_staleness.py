@@ -534,11 +534,15 @@ def run_name(args: Args) -> str:
 
 
 def acting_policy(args: Args, envs, models: dict, device):
-    """The checkpoint's policy, the latest weights, as obs -> sampled env actions."""
+    """The checkpoint's policy, the latest weights, as obs -> env actions, sampled or (--eval-deterministic) the most
+    likely."""
     agent = Agent(envs).to(device)
     agent.load_state_dict(models["agent"])
-    return harness.actor(lambda obs: torch.distributions.Categorical(logits=agent.get_pi(obs)).sample(), envs,
-                         device)
+
+    def act(obs):
+        logits = agent.get_pi(obs)
+        return logits.argmax(-1) if args.eval_deterministic else torch.distributions.Categorical(logits=logits).sample()
+    return harness.actor(act, envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

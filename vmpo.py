@@ -577,15 +577,18 @@ def check_args(args: Args, observation_space, action_space) -> None:
 
 
 def acting_policy(args: Args, envs, models: dict, device):
-    """The checkpoint's acting network (V-MPO: the target network) as obs -> sampled env actions."""
+    """The checkpoint's acting network (V-MPO: the target network) as obs -> env actions, sampled or
+    (--eval-deterministic) the mode: the most likely action, the Gaussian's mean."""
     agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
     agent.load_state_dict(models["target_agent"])
 
-    def sample(obs):
+    def act(obs):
         pi = agent.get_pi(obs)
+        if args.eval_deterministic:
+            return pi[0] if agent.continuous else pi.argmax(-1)
         return torch.distributions.Normal(*pi).sample() if agent.continuous else \
             torch.distributions.Categorical(logits=pi).sample()
-    return harness.actor(sample, envs, device)
+    return harness.actor(act, envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -446,3 +447,143 @@ if __name__ == "__main__":  # --log PATH: every run's scalars into PATH; --recor
             json.dump({"levels": list(levels), "scalars": scalars, "spread": spread}, file, indent=0, sort_keys=True)
         print(f"wrote {FIXTURE}: {sum(len(v) for r in scalars.values() for v in r.values())} points, levels "
               f"{', '.join(levels)}")
+
+
+# ------------------------------------------------ your own env and its spaces, deterministic evaluation, W&B
+class TupleEnv(gym.Env):
+    """Tuple observations of a 2-vector and a 2x2 uint8 grid, always the same."""
+    observation_space = gym.spaces.Tuple((gym.spaces.Box(0, 9, (2,), np.float32), gym.spaces.Box(0, 9, (2, 2), np.uint8)))
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return (np.array([1, 2], np.float32), np.array([[3, 4], [5, 6]], np.uint8)), {}
+
+
+def test_observations_are_flattened_in_a_fixed_order_and_images_are_kept():
+    import user_envs  # noqa: F401  (registers the envs)
+
+    raw, flat = gym.make("DictMultiDiscrete-v0"), harness.vector_observations(gym.make("DictMultiDiscrete-v0"))
+    obs, flat_obs = raw.reset(seed=0)[0], flat.reset(seed=0)[0]
+    # a Dict's keys in sorted order, as gym.spaces.Dict keeps them: "position" (2) before "velocity" (3)
+    assert np.array_equal(flat_obs, np.concatenate([obs["position"], obs["velocity"]]))
+    # a Tuple in order, each Box row-major, integers cast to float32: (1, 2), [[3, 4], [5, 6]] -> 1 ... 6
+    tuple_obs = harness.vector_observations(TupleEnv()).reset()[0]
+    assert tuple_obs.dtype == np.float32 and np.array_equal(tuple_obs, [1, 2, 3, 4, 5, 6])
+    assert harness.seen_observation_space(TupleEnv.observation_space) == gym.spaces.Box(0, 9, (6,), np.float32)
+    image = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)  # the IMPALA CNN's, where the script takes images
+    assert harness.seen_observation_space(image) == image
+    assert harness.seen_observation_space(image, images=False).shape == (64 * 64 * 3,)
+    cartpole = gym.make("CartPole-v1")
+    assert harness.vector_observations(cartpole) is cartpole  # a 1-D float Box gets no wrapper: runs are unchanged
+
+
+def test_spaces_that_cannot_be_taken_are_refused_in_one_sentence(tmp_path, monkeypatch):
+    import ppo_er
+    import ppo_ewma
+    import vmpo
+
+    monkeypatch.chdir(tmp_path)
+    cases = [
+        (ppo_ewma, "FrozenLake-v1", r"^--env-id FrozenLake-v1 has Discrete\(16\) observations; ppo_ewma\.py needs a "
+                                    r"Box, or a Dict or Tuple of Boxes \(flattened into one vector\)\.$"),
+        (vmpo, "user_envs:DictMultiDiscrete-v0", r"has MultiDiscrete\(\[2 3\]\) actions; vmpo\.py needs Discrete or "
+                                                 r"Box actions\.$"),
+        (ppo_er, "user_envs:Grid2D-v0", r"has Discrete\(2\) actions; ppo_er\.py needs continuous \(Box\) actions\.$"),
+        (ppo_ewma, "no_such_module:Env-v0", r"^--env-id no_such_module:Env-v0: its module no_such_module cannot be "
+                                            r"imported\.$"),
+    ]
+    for module, env_id, message in cases:
+        with pytest.raises(SystemExit, match=message):
+            module.train(module.Args(env_id=env_id, num_envs=2, num_steps=32, num_minibatches=2, cuda=False))
+    monkeypatch.setattr(harness.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(SystemExit, match=r"^--track needs the wandb package, which is not installed: pip install "):
+        ppo_ewma.train(ppo_ewma.Args(**TINY, track=True))
+    assert not os.path.exists("runs")
+
+
+@pytest.mark.parametrize("script, env_id", [("ppo_ewma", "user_envs:DictMultiDiscrete-v0"),
+                                            ("ppo_ewma", "user_envs:Grid2D-v0"), ("vmpo", "user_envs:Grid2D-v0")])
+def test_your_own_env_is_reached_as_module_colon_id(tmp_path, monkeypatch, script, env_id):
+    module = __import__(script)
+    monkeypatch.chdir(tmp_path)
+    steps = 16 * 128 if "Dict" in env_id else 4 * 128
+    result = module.train(module.Args(env_id=env_id, num_envs=4, num_steps=32, num_minibatches=2, gamma=0.9,
+                                      learning_rate=3e-3, total_timesteps=steps, cuda=False))
+    assert os.path.basename(result["run_dir"]).startswith(env_id.replace(":", "-") + f"__{script}__1__")
+    losses = EventAccumulator(result["run_dir"]).Reload().Scalars("losses/policy_loss")
+    assert len(losses) == steps // 128 and all(np.isfinite(point.value) for point in losses)
+    if "Dict" in env_id:  # reward 1 for (1, 2) of the 2 x 3 joint actions: random play scores 16 / 6 = 2.7
+        assert result["mean_return"] > 2 * 16 / 6
+
+
+def mode_of(script, models, envs, obs):
+    """The action each script's policy finds most likely (CartPole's argmax; ppo_er's Pendulum: the mean, clipped)."""
+    module = __import__(script)
+    if script == "ppg_ewma":
+        network, name = module.PolicyNetwork(envs), "policy"
+    else:
+        network, name = module.Agent(envs), "target_agent" if script == "vmpo" else "agent"
+    network.load_state_dict(models[name])
+    pi = network.get_pi(obs)
+    return pi[0].clamp(-2.0, 2.0) if script == "ppo_er" else pi.argmax(-1)
+
+
+@pytest.mark.parametrize("script", ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"])
+def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys, script):
+    module = __import__(script)
+    monkeypatch.chdir(tmp_path)
+    config = dict(TINY, env_id="Pendulum-v1", num_steps=64) if script == "ppo_er" else dict(TINY)
+    if script == "ppg_ewma":
+        config.update(n_pi=1, aux_minibatch_size=64)
+    trained = module.train(module.Args(**config, total_timesteps=2 * 64))
+    played = []  # (obs, actions) of every step the evaluation takes
+    real_play = harness.play
+
+    def recording_play(envs, act, num_episodes, seed):
+        def recording_act(obs):
+            played.append((obs, act(obs)))
+            return played[-1][1]
+        return real_play(envs, recording_act, num_episodes, seed)
+
+    monkeypatch.setattr(harness, "play", recording_play)
+    capsys.readouterr()
+    module.train(module.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=2, cuda=False,
+                             eval_deterministic=True))
+    assert "(actions the policy's mode (--eval-deterministic))" in capsys.readouterr().out
+    models = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["models"]
+    envs = module.make_env(module.Args(**{**config, "num_envs": 1}))
+    with torch.no_grad():
+        for obs, actions in played:
+            assert np.allclose(actions, mode_of(script, models, envs, torch.as_tensor(obs)).numpy())
+    envs.close()
+
+
+def test_track_logs_to_an_offline_wandb_run_that_resume_continues(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="--track needs wandb, which the GPU kit does not carry")
+    import ppo_ewma
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "offline")  # no account, no network
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    real_after_step = harness.Run.after_step
+
+    def ctrl_c_in_iteration_2(run, global_step, info):  # stops at its end, with a checkpoint, as Ctrl-C does
+        real_after_step(run, global_step, info)
+        if global_step == 2 * 64:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr(harness.Run, "after_step", ctrl_c_in_iteration_2)
+    with pytest.raises(SystemExit) as stopped:
+        ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, track=True, exp_name="tracked"))
+    assert stopped.value.code == 130
+    monkeypatch.setattr(harness.Run, "after_step", real_after_step)
+    (run_dir,) = glob.glob("runs/*__tracked__*")
+    run_id = torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["wandb_run_id"]
+    ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    first, resumed = sorted(glob.glob(f"wandb/offline-run-*-{run_id}"))  # the same W&B run, continued
+    for offline_run, needles in ((first, [b"losses/policy_loss", b"global_step", b"CartPole-v1"]),  # flags: config
+                                 (resumed, [b"losses/policy_loss", b"global_step"])):  # the scalars, synced
+        log, deadline = f"{offline_run}/run-{run_id}.wandb", time.time() + 60
+        while not all(needle in open(log, "rb").read() for needle in needles):  # W&B's service writes it a little
+            assert time.time() < deadline, f"{log} lacks some of {needles}"  # after wandb.finish() returns
+            time.sleep(0.5)

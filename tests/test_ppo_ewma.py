@@ -625,6 +625,40 @@ def test_reward_normalizer_shares_one_estimate_over_workers():
     torch.testing.assert_close(scaled_a, rewards_a / math.sqrt(8.2412499 + 1e-8), atol=1e-5, rtol=0)
 
 
+# ----------------------------------------------------------------------------------- MultiDiscrete actions
+NVEC = [2, 3]  # two sub-actions, of 2 and 3 values
+# sub-action 1: logits (0, ln 3), probabilities (1/4, 3/4); sub-action 2: logits (0, 0, 0), uniform 1/3
+LOGITS_P = torch.tensor([[0.0, math.log(3.0), 0.0, 0.0, 0.0]])
+# sub-action 1: (1/2, 1/2); sub-action 2: logits (0, 0, ln 2), probabilities (1/4, 1/4, 1/2)
+LOGITS_Q = torch.tensor([[0.0, 0.0, 0.0, 0.0, math.log(2.0)]])
+
+
+def test_multidiscrete_log_prob_and_entropy_add_over_sub_actions_by_hand():
+    logp, entropy = ppo_ewma.policy_log_prob_and_entropy(LOGITS_P, torch.tensor([[1, 2]]), nvec=NVEC)
+    # log(3/4) + log(1/3) = log(1/4) = -1.386294
+    assert logp.item() == pytest.approx(-1.386294, abs=1e-6)
+    # H1 = -(1/4 log 1/4 + 3/4 log 3/4) = 0.346574 + 0.215762 = 0.562335; H2 = log 3 = 1.098612; sum 1.660947
+    assert entropy.item() == pytest.approx(1.660947, abs=1e-6)
+
+
+def test_multidiscrete_kl_adds_over_sub_actions_by_hand():
+    # KL1 = 1/4 log(1/4 / 1/2) + 3/4 log(3/4 / 1/2) = -0.173287 + 0.304099 = 0.130812
+    # KL2 = 1/3 (log(4/3) + log(4/3) + log(2/3)) = 1/3 (0.287682 + 0.287682 - 0.405465) = 0.056633; sum 0.187445
+    assert ppo_ewma.policy_kl(LOGITS_P, LOGITS_Q, nvec=NVEC).item() == pytest.approx(0.187445, abs=1e-6)
+    assert ppo_ewma.policy_kl(LOGITS_P, LOGITS_P, nvec=NVEC).item() == pytest.approx(0.0, abs=1e-7)
+
+
+def test_multidiscrete_sampling_and_mode_take_one_value_per_sub_action():
+    torch.manual_seed(0)
+    actions = ppo_ewma.sample_actions(LOGITS_P.expand(20000, 5), nvec=NVEC)
+    assert actions.shape == (20000, 2) and actions.dtype == torch.long
+    # each sub-action follows its own categorical: P(a1 = 1) = 3/4, P(a2 = v) = 1/3 (std of a mean of 20000
+    # Bernoulli draws: at most 0.0035, so 0.015 is over 4 std)
+    assert (actions[:, 0] == 1).float().mean().item() == pytest.approx(0.75, abs=0.015)
+    assert (actions[:, 1] == 2).float().mean().item() == pytest.approx(1 / 3, abs=0.015)
+    assert ppo_ewma.policy_mode(LOGITS_Q, nvec=NVEC).tolist() == [[0, 2]]  # argmax of each: a tie goes to the first
+
+
 # ----------------------------------------------------------------------------------- continuous actions
 def test_gaussian_log_prob_and_entropy_by_hand():
     actions, mean, log_std = torch.tensor([[0.5, -1.0]]), torch.zeros(1, 2), torch.tensor([[0.0, math.log(2.0)]])
