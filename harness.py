@@ -1001,13 +1001,11 @@ NOT_ENV_STATE = {"env", "envs", "env_fns", "spec", "metadata", "_metadata", "_ca
                  "_ezpickle_args", "_ezpickle_kwargs", "wrapper"}  # walked, or constant (wrapper: a reward transform)
 
 
-class NotData(Exception):
-    """An env attribute that cannot be written as plain data."""
-
-
 def to_data(value):
     """value as data that torch.load(weights_only=True) reads: numbers, strings and None as they are, NumPy arrays and
-    scalars as tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict."""
+    scalars as tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict, and a
+    MuJoCo MjData as its integration state (time, positions, velocities, activations, controls, forces, warm start).
+    TypeError for anything else."""
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf":  # first: np.float64 is a float
         return torch.from_numpy(np.array(value))  # a copy
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -1018,29 +1016,39 @@ def to_data(value):
         return {key: to_data(item) for key, item in value.items()}
     if isinstance(value, np.random.Generator):
         return value.bit_generator.state
-    raise NotData(type(value).__name__)
+    if type(value).__name__ == "MjData":
+        mujoco = sys.modules["mujoco"]
+        state = np.empty(mujoco.mj_stateSize(value.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(value.model, value, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+        return torch.from_numpy(state)
+    raise TypeError(f"a {type(value).__name__}")
 
 
 def from_data(data, like):
     """to_data's inverse; `like`, the attribute's value in the rebuilt stack, gives back the types data lost."""
     if isinstance(like, np.random.Generator):
         like.bit_generator.state = data
-        return like
-    if isinstance(data, torch.Tensor):
+    elif type(like).__name__ == "MjData":
+        mujoco = sys.modules["mujoco"]
+        mujoco.mj_setState(like.model, like, data.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+    elif isinstance(data, torch.Tensor):
         array = data.numpy().copy()
         return array if array.ndim or isinstance(like, np.ndarray) else array[()]  # a NumPy scalar
-    if isinstance(data, list):
+    elif isinstance(data, list):
         likes = list(like) if isinstance(like, (list, tuple, deque)) and len(like) == len(data) else [None] * len(data)
         items = [from_data(item, item_like) for item, item_like in zip(data, likes)]
-        return deque(items, like.maxlen) if isinstance(like, deque) else type(like)(items) \
-            if isinstance(like, tuple) else items
-    if isinstance(data, dict):
+        return deque(items, like.maxlen) if isinstance(like, deque) else tuple(items) if isinstance(like, tuple) \
+            else items
+    elif isinstance(data, dict):
         return {key: from_data(item, like.get(key) if isinstance(like, dict) else None) for key, item in data.items()}
-    return data
+    else:
+        return data
+    return like
 
 
 def env_layers(envs) -> list:
-    """Every layer of a Gymnasium vector env stack: the vector wrappers, the vector env, then each sub-env's layers."""
+    """Every layer of a Gymnasium vector env stack: the vector wrappers, the vector env, then each sub-env's layers,
+    each with the attributes that make up its state (see NOT_ENV_STATE)."""
     layers, env = [], envs
     while isinstance(env, gym.vector.VectorWrapper):
         layers.append(env)
@@ -1051,48 +1059,23 @@ def env_layers(envs) -> list:
             layers.append(sub_env)
             sub_env = sub_env.env
         layers.append(sub_env)
-    return layers
-
-
-def is_env_constant(value) -> bool:
-    """Whether an env attribute's value is the same in a rebuilt stack (see NOT_ENV_STATE)."""
     constant = (gym.Space, enum.Enum, gym.wrappers.utils.RunningMeanStd)
-    mujoco, rendering = sys.modules.get("mujoco"), sys.modules.get("gymnasium.envs.mujoco.mujoco_rendering")
-    constant += (mujoco.MjModel,) if mujoco else ()
-    constant += (rendering.MujocoRenderer,) if rendering else ()
-    return callable(value) or isinstance(value, constant)
-
-
-def mujoco_data(value):
-    """MuJoCo's module if `value` is a simulator's MjData, else None."""
-    mujoco = sys.modules.get("mujoco")
-    return mujoco if mujoco is not None and isinstance(value, mujoco.MjData) else None
+    mujoco = ("mujoco.", "gymnasium.envs.mujoco.")  # MjModel, MujocoRenderer: constant; MjData is not
+    return [(layer, [key for key, value in vars(layer).items() if key not in NOT_ENV_STATE and not (
+        callable(value) or isinstance(value, constant) or type(value).__module__.startswith(mujoco)
+        and type(value).__name__ != "MjData")]) for layer in layers]
 
 
 def env_state(envs) -> dict:
-    """The env stack's state as data, or why it cannot be: {"layers": [{"class": name, "state": {attribute: data}}]}
-    or {"restarts": reason}. A MuJoCo env's MjData is saved as its integration state (time, positions, velocities,
-    activations, controls, applied forces, warm start)."""
+    """The env stack's state as data, {"layers": [{"class": name, "state": {attribute: data}}]}, or why it cannot be
+    written as data, {"restarts": reason}."""
     if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
         return {"restarts": f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"}
-    layers = []
-    for layer in env_layers(envs):
-        state = {}
-        for key, value in vars(layer).items():
-            if key in NOT_ENV_STATE or is_env_constant(value):
-                continue
-            if mujoco := mujoco_data(value):
-                spec = mujoco.mjtState.mjSTATE_INTEGRATION
-                array = np.empty(mujoco.mj_stateSize(layer.model, spec))
-                mujoco.mj_getState(layer.model, value, array, spec)
-                state[key] = {"mujoco_state": torch.from_numpy(array)}
-                continue
-            try:
-                state[key] = to_data(value)
-            except NotData as error:
-                return {"restarts": f"{type(layer).__name__}.{key} holds a {error}, which cannot be saved as data"}
-        layers.append({"class": type(layer).__name__, "state": state})
-    return {"layers": layers}
+    try:
+        return {"layers": [{"class": type(layer).__name__, "state": {key: to_data(getattr(layer, key)) for key in keys}}
+                           for layer, keys in env_layers(envs)]}
+    except TypeError as error:
+        return {"restarts": f"an env layer holds {error}, which cannot be saved as data"}
 
 
 def restore_env_state(envs, saved: dict) -> Optional[str]:
@@ -1100,16 +1083,11 @@ def restore_env_state(envs, saved: dict) -> Optional[str]:
     if "layers" not in saved:
         return saved.get("restarts", "the checkpoint holds no env state")
     layers = env_layers(envs)
-    if [type(layer).__name__ for layer in layers] != [layer["class"] for layer in saved["layers"]]:
+    if [type(layer).__name__ for layer, _ in layers] != [layer["class"] for layer in saved["layers"]]:
         return "the checkpoint's env stack is not the one these flags build"
-    for layer, saved_layer in zip(layers, saved["layers"]):
+    for (layer, _), saved_layer in zip(layers, saved["layers"]):
         for key, data in saved_layer["state"].items():
-            like = getattr(layer, key, None)
-            if mujoco := mujoco_data(like):
-                spec = mujoco.mjtState.mjSTATE_INTEGRATION
-                mujoco.mj_setState(layer.model, like, data["mujoco_state"].numpy(), spec)
-            else:
-                setattr(layer, key, from_data(data, like))
+            setattr(layer, key, from_data(data, getattr(layer, key, None)))
     return None
 
 
