@@ -298,9 +298,9 @@ class GradientNoiseScale:
         self.sq_norms, self.grad_sum, self.epochs = [], None, []
 
     @torch.no_grad()
-    def add(self, model):
+    def add(self, *modules):
         """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
-        grad = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        grad = torch.cat([p.grad.reshape(-1) for module in modules for p in module.parameters() if p.grad is not None])
         self.sq_norms.append(grad.square().sum())
         self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
 
@@ -1257,6 +1257,20 @@ def check_finite(iteration: int, **losses) -> None:
     if not torch.isfinite(values).all():
         name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))
         raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+
+
+def step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
+    """One gradient step of `modules` on `loss`: zero the gradients, backward, give the minibatch's own gradient to
+    --noise-scale's estimate (torchrun: this worker's), average the gradients over the torchrun workers, clip their
+    global norm to max_grad_norm (if given), and step the optimizer."""
+    optimizer.zero_grad()
+    loss.backward()
+    if noise_scale is not None:
+        noise_scale.add(*modules)
+    average_gradients(*modules)
+    if max_grad_norm is not None:
+        torch.nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
+    optimizer.step()
 
 
 def global_batch(x):

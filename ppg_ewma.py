@@ -296,17 +296,18 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
-    All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
-    (Appendix B). With prox_logp == behav_logp this is PPO's loss wherever the cap does not bind."""
-    prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
-    behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
-    # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
-    # exp(clip(log r) + log pi_prox - log pi_behav), so a huge r times a tiny pi_prox/pi_behav cannot overflow
-    clipped_logratio = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
-    surrogate = torch.exp(new_logp - behav_logp) * advantages
-    clipped_surrogate = torch.exp(clipped_logratio + prox_logp - behav_logp) * advantages
-    return -torch.min(surrogate, clipped_surrogate).mean()
+    """-L^CLIP_decoupled (Sec. 2): the mean of -min(r A, r_prox clip(pi/pi_prox, 1-eps, 1+eps) A) with the importance
+    weights r = pi/pi_behav and r_prox = pi_prox/pi_behav; all inputs [B], only new_logp carries gradient. With
+    prox_logp == behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    prox_logp = prox_logp.detach()
+    # Appendix B's cap r <= max_is_ratio raises log pi_behav, which lowers r and r_prox by the same factor
+    behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
+    log_r = new_logp - behav_logp
+    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
+    # r_prox clip(pi/pi_prox) summed in log space, as the official code: a huge pi/pi_prox times a tiny r_prox
+    # cannot overflow
+    log_r_prox_clipped = log_clipped + prox_logp - behav_logp
+    return -torch.min(torch.exp(log_r) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
@@ -434,7 +435,7 @@ def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generato
     return minibatches
 
 
-def log_prob_and_entropy(logits, actions):
+def categorical_log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -550,7 +551,7 @@ def train(args: Args) -> dict:
                 step_pi, values[step] = policy.get_pi(step_obs), value_net(step_obs)
             action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
             actions[step], behav_pis[step] = action, step_pi
-            behav_logps[step] = log_prob_and_entropy(step_pi, action)[0]
+            behav_logps[step] = categorical_log_prob_and_entropy(step_pi, action)[0]
 
             next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
@@ -589,10 +590,10 @@ def train(args: Args) -> dict:
                 mb_obs, mb_advantages = b_obs[mb_inds].to(device), b_advantages[mb_inds]
                 mb_behav_logp = b_behav_logps[mb_inds]
                 new_pi = policy.get_pi(mb_obs)
-                new_logp, entropy = log_prob_and_entropy(new_pi, b_actions[mb_inds])
+                new_logp, entropy = categorical_log_prob_and_entropy(new_pi, b_actions[mb_inds])
                 if ewma_policy is not None:  # PPG-EWMA: pi_prox is the EWMA network's policy
                     prox_pi = harness.in_chunks(ewma_policy.get_pi, mb_obs, prox_chunk_size)
-                    prox_logp = log_prob_and_entropy(prox_pi, b_actions[mb_inds])[0]
+                    prox_logp = categorical_log_prob_and_entropy(prox_pi, b_actions[mb_inds])[0]
                 else:  # PPG: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
                 if args.objective == "clip":

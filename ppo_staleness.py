@@ -215,17 +215,18 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): mean of -(pi_prox/pi_behav) * min(r A, clip(r, 1-eps, 1+eps) A), r = pi/pi_prox.
-    All inputs [B]; only new_logp carries gradient. pi/pi_behav is capped at max_is_ratio by raising behav_logp
-    (Appendix B). With prox_logp == behav_logp this is PPO's loss wherever the cap does not bind."""
-    prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
-    behav_logp = torch.maximum(behav_logp, new_logp.detach() - math.log(max_is_ratio))
-    # in log space, as the official code: (pi_prox/pi_behav) r = pi/pi_behav, and (pi_prox/pi_behav) clip(r) is
-    # exp(clip(log r) + log pi_prox - log pi_behav), so a huge r times a tiny pi_prox/pi_behav cannot overflow
-    clipped_logratio = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
-    surrogate = torch.exp(new_logp - behav_logp) * advantages
-    clipped_surrogate = torch.exp(clipped_logratio + prox_logp - behav_logp) * advantages
-    return -torch.min(surrogate, clipped_surrogate).mean()
+    """-L^CLIP_decoupled (Sec. 2): the mean of -min(r A, r_prox clip(pi/pi_prox, 1-eps, 1+eps) A) with the importance
+    weights r = pi/pi_behav and r_prox = pi_prox/pi_behav; all inputs [B], only new_logp carries gradient. With
+    prox_logp == behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    prox_logp = prox_logp.detach()
+    # Appendix B's cap r <= max_is_ratio raises log pi_behav, which lowers r and r_prox by the same factor
+    behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
+    log_r = new_logp - behav_logp
+    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
+    # r_prox clip(pi/pi_prox) summed in log space, as the official code: a huge pi/pi_prox times a tiny r_prox
+    # cannot overflow
+    log_r_prox_clipped = log_clipped + prox_logp - behav_logp
+    return -torch.min(torch.exp(log_r) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
 
 
 class RewardNormalizer:
@@ -323,7 +324,7 @@ def epoch_minibatches(args: Args) -> list:
     return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
-def log_prob_and_entropy(logits, actions):
+def categorical_log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -382,7 +383,7 @@ def train(args: Args) -> dict:
                 step_pi, values[step] = agent(next_obs)
             action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
             actions[step], behav_pis[step] = action, step_pi
-            behav_logps[step] = log_prob_and_entropy(step_pi, action)[0]
+            behav_logps[step] = categorical_log_prob_and_entropy(step_pi, action)[0]
 
             next_obs_np, reward, terminated, truncated, info = envs.step(action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
@@ -432,7 +433,7 @@ def train(args: Args) -> dict:
             b_recent_pis, b_recent_logps = b_behav_pis, b_behav_logps
         else:
             b_recent_pis = harness.in_chunks(agent.get_pi, b_obs, recent_chunk_size)
-            b_recent_logps = log_prob_and_entropy(b_recent_pis, b_actions)[0]
+            b_recent_logps = categorical_log_prob_and_entropy(b_recent_pis, b_actions)[0]
         b_prox_logps, b_is_logps = select_logps(args.objective, b_behav_logps, b_recent_logps)
 
         # update: E epochs of M minibatches on the objective's L^CLIP
@@ -442,7 +443,7 @@ def train(args: Args) -> dict:
             for mb_inds in epoch_minibatches(args):
                 mb_inds = mb_inds.to(device)
                 new_pi, new_value = agent(b_obs[mb_inds])
-                new_logp, entropy = log_prob_and_entropy(new_pi, b_actions[mb_inds])
+                new_logp, entropy = categorical_log_prob_and_entropy(new_pi, b_actions[mb_inds])
                 prox_logp, is_logp = b_prox_logps[mb_inds], b_is_logps[mb_inds]
 
                 # L^CLIP_decoupled with pi_prox, pi_behav := the two policies the objective picked; the cap acts on

@@ -365,7 +365,7 @@ def project_multipliers(multipliers, min_value=MULTIPLIER_MIN):
 
 
 # --------------------------------------------------------------------------------- policy distributions
-def log_prob_and_entropy(logits, actions):
+def categorical_log_prob_and_entropy(logits, actions):
     """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
     log_probs = torch.log_softmax(logits, dim=-1)
     logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
@@ -381,7 +381,7 @@ def categorical_kl(logits_p, logits_q):
 def policy_log_prob_and_entropy(pi, actions):
     """log pi(a|s) and entropy, both [B], for categorical logits or a Gaussian's (mean, std)."""
     if isinstance(pi, torch.Tensor):
-        return log_prob_and_entropy(pi, actions)
+        return categorical_log_prob_and_entropy(pi, actions)
     normal = torch.distributions.Normal(*pi)
     return normal.log_prob(actions).sum(-1), normal.entropy().sum(-1)
 

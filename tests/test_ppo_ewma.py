@@ -656,7 +656,7 @@ def test_multidiscrete_sampling_and_mode_take_one_value_per_sub_action():
     # Bernoulli draws: at most 0.0035, so 0.015 is over 4 std)
     assert (actions[:, 0] == 1).float().mean().item() == pytest.approx(0.75, abs=0.015)
     assert (actions[:, 1] == 2).float().mean().item() == pytest.approx(1 / 3, abs=0.015)
-    assert ppo_ewma.policy_mode(LOGITS_Q, nvec=NVEC).tolist() == [[0, 2]]  # argmax of each: a tie goes to the first
+    assert ppo_ewma.sample_actions(LOGITS_Q, nvec=NVEC, mode=True).tolist() == [[0, 2]]  # argmax of each: a tie goes to the first
 
 
 # ----------------------------------------------------------------------------------- continuous actions

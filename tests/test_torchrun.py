@@ -205,7 +205,7 @@ PROX_LOGP = torch.log(torch.tensor([0.52, 0.44, 0.56, 0.49, 0.58, 0.42, 0.51, 0.
 def ppo_ewma_loss(agent, inds):
     """PPO-EWMA's total loss (decoupled clip, entropy, c_VF * MSE) on the samples inds: a mean over them."""
     logits, values = agent(OBS[inds])
-    logp, entropy = ppo_ewma.log_prob_and_entropy(logits, ACTIONS[inds])
+    logp, entropy = ppo_ewma.categorical_log_prob_and_entropy(logits, ACTIONS[inds])
     pg_loss = ppo_ewma.decoupled_clip_loss(logp, PROX_LOGP[inds], BEHAV_LOGP[inds], ADVANTAGES[inds], 0.2)
     return pg_loss - 0.01 * entropy.mean() + 0.5 * ppo_ewma.value_loss(values, RETURNS[inds])
 
