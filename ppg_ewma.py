@@ -159,124 +159,7 @@ def apply_batch_divisor(args: Args) -> Args:
     return dataclasses.replace(args, **changes)
 
 
-# ---------------------------------------------------------------------------------- environment
-def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
-    else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
-
-
-# ------------------------------------------------------------------------------------- networks
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-@torch.no_grad()
-def normed_init(layer, scale):
-    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
-    `scale`, every bias zero."""
-    weight = layer.weight
-    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
-    layer.bias.zero_()
-    return layer
-
-
-class ResidualBlock(nn.Module):
-    def __init__(self, channels, scale):
-        super().__init__()
-        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
-        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
-
-    def forward(self, x):
-        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
-
-
-class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels, res_scale):
-        super().__init__()
-        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
-        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
-
-    def forward(self, x):
-        return self.res1(self.res0(self.pool(self.conv(x))))
-
-
-class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
-
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
-        super().__init__()
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
-        res_scale = (2 * len(channels)) ** -0.25
-        stacks = []
-        for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
-            in_channels = out_channels
-        self.stacks = nn.Sequential(*stacks)
-        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
-
-    def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
-
-
-def make_torso(obs_shape):
-    """IMPALA CNN for images, 64-64 tanh MLP for vectors; returns (module, feature size)."""
-    if len(obs_shape) == 3:
-        return ImpalaCNN(obs_shape[-1]).to(memory_format=torch.channels_last), 256  # ~1.8x faster on CPU
-    return nn.Sequential(
-        layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-    ), 64
-
-
-def make_head(torso, hidden, outputs, mlp_std):
-    """Official heads after the IMPALA CNN (normed init, scale 0.1); CleanRL's orthogonal init after the MLP."""
-    if isinstance(torso, ImpalaCNN):
-        return normed_init(nn.Linear(hidden, outputs), 0.1)
-    return layer_init(nn.Linear(hidden, outputs), std=mlp_std)
-
-
-class PolicyNetwork(nn.Module):
-    """PPG's policy network: torso, policy head and the auxiliary value head V_theta_pi."""
-
-    def __init__(self, envs):
-        super().__init__()
-        self.torso, hidden = make_torso(envs.single_observation_space.shape)
-        self.actor = make_head(self.torso, hidden, envs.single_action_space.n, mlp_std=0.01)
-        self.aux_critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
-
-    def get_pi(self, obs):
-        return self.actor(self.torso(obs))
-
-    def forward(self, obs):
-        hidden = self.torso(obs)
-        return self.actor(hidden), self.aux_critic(hidden).squeeze(-1)
-
-
-class ValueNetwork(nn.Module):
-    """PPG's separate value network V_theta_V: its own torso, so value training never disturbs the policy."""
-
-    def __init__(self, envs):
-        super().__init__()
-        self.torso, hidden = make_torso(envs.single_observation_space.shape)
-        self.critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
-
-    def forward(self, obs):
-        return self.critic(self.torso(obs)).squeeze(-1)
-
-
-# --------------------------------------------------------------------------- algorithm functions
+# ------------------------------------------------------------------- the algorithm: losses, GAE, EWMA, normalizers
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
     rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
@@ -435,19 +318,6 @@ def phase_minibatch_indices(n_pi, num_steps, num_envs, num_minibatches, generato
     return minibatches
 
 
-def categorical_log_prob_and_entropy(logits, actions):
-    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    return logp, -(log_probs.exp() * log_probs).sum(-1)
-
-
-def categorical_kl(logits_p, logits_q):
-    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
-    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-
 def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_epochs, aux_minibatch_size,
                     shuffle_samples, beta_clone, iteration, device):
     """PPG's auxiliary phase (Cobbe et al., 2020, Algorithm 1); returns the mean of each logged quantity. phase_obs:
@@ -471,10 +341,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
             values = value_net(mb_obs)
             loss = aux_loss(new_logits, mb_old_logits, aux_values, values, mb_returns, beta_clone)
             harness.check_finite(iteration, aux_loss=loss)
-            optimizer.zero_grad()
-            loss.backward()
-            harness.average_gradients(policy, value_net)  # torchrun: each worker's minibatch comes from its own buffer
-            optimizer.step()
+            harness.step(optimizer, loss, policy, value_net)  # torchrun: each worker's minibatch is from its own buffer
 
             with torch.no_grad():
                 clone_kl = categorical_kl(mb_old_logits, new_logits).mean().item()
@@ -486,7 +353,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
     return {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
 
 
-# ------------------------------------------------------------------------------------- training
+# ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
@@ -494,12 +361,19 @@ def train(args: Args) -> dict:
     args = run.args  # from here on the run's Args: apply_batch_divisor's, and under torchrun this worker's share
     envs, device, writer = run.envs, run.device, run.writer
     _, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
-    ewma_decay = com_to_decay(args.ewma_com)
-    prox_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
     policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
     harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
-    ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None  # PPG-EWMA: theta_prox
+    # PPG-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
+    # (Appendix A), reset to theta at every policy phase's start
+    ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None
+    ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
+
+    def prox_pi_of(obs):
+        """pi_prox of the EWMA network: a no-grad pass, on the CPU 64 frames at a time (memory only: the same
+        numbers as one pass)."""
+        return harness.in_chunks(ewma_policy.get_pi, obs, 64 if device.type == "cpu" else len(obs))
+
     # one Adam for both networks: zero_grad() leaves the other network's gradients None, which Adam skips
     parameters = list(policy.parameters()) + list(value_net.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
@@ -531,7 +405,8 @@ def train(args: Args) -> dict:
                           optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
-    ewma_weight = run.checkpoint["ewma_weight"] if run.checkpoint else 1.0  # w of Appendix A; reset at phase starts
+    if run.checkpoint:  # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
+        ewma_weight = run.checkpoint["ewma_weight"]
 
     for iteration in range(first_iteration, num_iterations + 1):
         phase_iteration = (iteration - 1) % args.n_pi
@@ -592,7 +467,7 @@ def train(args: Args) -> dict:
                 new_pi = policy.get_pi(mb_obs)
                 new_logp, entropy = categorical_log_prob_and_entropy(new_pi, b_actions[mb_inds])
                 if ewma_policy is not None:  # PPG-EWMA: pi_prox is the EWMA network's policy
-                    prox_pi = harness.in_chunks(ewma_policy.get_pi, mb_obs, prox_chunk_size)
+                    prox_pi = prox_pi_of(mb_obs)
                     prox_logp = categorical_log_prob_and_entropy(prox_pi, b_actions[mb_inds])[0]
                 else:  # PPG: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
@@ -607,14 +482,7 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, entropy=entropy_loss)
 
-                optimizer.zero_grad()
-                loss.backward()
-                if noise_scale is not None:  # the minibatch's own gradient (torchrun: this worker's)
-                    noise_scale.add(policy)
-                harness.average_gradients(policy)  # torchrun: the mean gradient of all workers' minibatches
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-                optimizer.step()
+                harness.step(optimizer, loss, policy, max_grad_norm=args.max_grad_norm, noise_scale=noise_scale)
                 if ewma_policy is not None:  # PPG-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
 
@@ -637,12 +505,7 @@ def train(args: Args) -> dict:
             for mb_inds in epoch_minibatches(args):
                 v_loss = value_loss(value_net(b_obs[mb_inds].to(device)), b_returns[mb_inds])
                 harness.check_finite(iteration, value_loss=v_loss)
-                optimizer.zero_grad()
-                (args.vf_coef * v_loss).backward()
-                harness.average_gradients(value_net)  # torchrun
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
-                optimizer.step()
+                harness.step(optimizer, args.vf_coef * v_loss, value_net, max_grad_norm=args.max_grad_norm)
                 stats["value_loss"].append(v_loss.detach())
 
         # auxiliary phase, after N_pi policy iterations: distil V_targ into the policy network's aux head
@@ -678,7 +541,138 @@ def train(args: Args) -> dict:
     return run.finish(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # --save-model
 
 
-# ----------------------------------------------------------- what the run harness needs to know of this script
+# ------------------------------------------------------------------------------------------------------ networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels, scale):
+        super().__init__()
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    def __init__(self, in_channels, out_channels, res_scale):
+        super().__init__()
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
+
+    def forward(self, x):
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+
+    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+        super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
+
+    def forward(self, obs):
+        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+
+
+def make_torso(obs_shape):
+    """IMPALA CNN for images, 64-64 tanh MLP for vectors; returns (module, feature size)."""
+    if len(obs_shape) == 3:
+        return ImpalaCNN(obs_shape[-1]).to(memory_format=torch.channels_last), 256  # ~1.8x faster on CPU
+    return nn.Sequential(
+        layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+    ), 64
+
+
+def make_head(torso, hidden, outputs, mlp_std):
+    """Official heads after the IMPALA CNN (normed init, scale 0.1); CleanRL's orthogonal init after the MLP."""
+    if isinstance(torso, ImpalaCNN):
+        return normed_init(nn.Linear(hidden, outputs), 0.1)
+    return layer_init(nn.Linear(hidden, outputs), std=mlp_std)
+
+
+class PolicyNetwork(nn.Module):
+    """PPG's policy network: torso, policy head and the auxiliary value head V_theta_pi."""
+
+    def __init__(self, envs):
+        super().__init__()
+        self.torso, hidden = make_torso(envs.single_observation_space.shape)
+        self.actor = make_head(self.torso, hidden, envs.single_action_space.n, mlp_std=0.01)
+        self.aux_critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
+
+    def get_pi(self, obs):
+        return self.actor(self.torso(obs))
+
+    def forward(self, obs):
+        hidden = self.torso(obs)
+        return self.actor(hidden), self.aux_critic(hidden).squeeze(-1)
+
+
+class ValueNetwork(nn.Module):
+    """PPG's separate value network V_theta_V: its own torso, so value training never disturbs the policy."""
+
+    def __init__(self, envs):
+        super().__init__()
+        self.torso, hidden = make_torso(envs.single_observation_space.shape)
+        self.critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
+
+    def forward(self, obs):
+        return self.critic(self.torso(obs)).squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------------------- environment
+def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
+    else:
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
+
+
+# ------------------------------------------------------------------------------------------ policy distributions
+def categorical_log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+# ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "n_pi": "[1, inf)", "value_epochs": "[0, inf)",
     "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]",
@@ -735,6 +729,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
                         run_args=apply_batch_divisor, worker_share=worker_share, procgen=True)
+
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

@@ -27,6 +27,7 @@ import tyro
 
 import harness
 
+
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
     # the paper's experiment (Sec. 5.1): Procgen, 100M steps
@@ -95,107 +96,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
 
 
-# ---------------------------------------------------------------------------------- environment
-def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
-    else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
-    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
-
-
-# ------------------------------------------------------------------------------------- networks
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-@torch.no_grad()
-def normed_init(layer, scale):
-    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
-    `scale`, every bias zero."""
-    weight = layer.weight
-    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
-    layer.bias.zero_()
-    return layer
-
-
-class ResidualBlock(nn.Module):
-    def __init__(self, channels, scale):
-        super().__init__()
-        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
-        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
-
-    def forward(self, x):
-        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
-
-
-class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels, res_scale):
-        super().__init__()
-        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
-        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
-
-    def forward(self, x):
-        return self.res1(self.res0(self.pool(self.conv(x))))
-
-
-class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
-
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
-        super().__init__()
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
-        res_scale = (2 * len(channels)) ** -0.25
-        stacks = []
-        for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
-            in_channels = out_channels
-        self.stacks = nn.Sequential(*stacks)
-        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
-
-    def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
-
-
-class Agent(nn.Module):
-    """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads."""
-
-    def __init__(self, envs):
-        super().__init__()
-        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
-        if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
-            self.torso = ImpalaCNN(obs_shape[-1])
-            self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
-            self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
-        else:  # CleanRL's MLP and heads
-            self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            )
-            self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
-            self.critic = layer_init(nn.Linear(64, 1), std=1.0)
-
-    def get_pi(self, obs):
-        return self.actor(self.torso(obs))
-
-    def get_value(self, obs):
-        return self.critic(self.torso(obs)).squeeze(-1)
-
-    def forward(self, obs):
-        hidden = self.torso(obs)
-        return self.actor(hidden), self.critic(hidden).squeeze(-1)
-
-
-# --------------------------------------------------------------------------- algorithm functions
+# ------------------------------------------------------------------- the algorithm: losses, GAE, the stale queue
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
     rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
@@ -227,6 +128,11 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     # cannot overflow
     log_r_prox_clipped = log_clipped + prox_logp - behav_logp
     return -torch.min(torch.exp(log_r) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
+
+
+def value_loss(values, returns):
+    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
+    return ((values - returns) ** 2).mean()
 
 
 class RewardNormalizer:
@@ -267,9 +173,12 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     return list(inds.reshape(num_minibatches, -1))
 
 
-def value_loss(values, returns):
-    """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
-    return ((values - returns) ** 2).mean()
+def epoch_minibatches(args: Args) -> list:
+    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
+    layout) or, with --shuffle-samples, single samples."""
+    if args.shuffle_samples:
+        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
+    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
 class StaleQueue:
@@ -300,7 +209,6 @@ def select_logps(objective, behav_logp, recent_logp):
     raise ValueError(f"unknown objective {objective!r}; expected recent, decoupled or behavior")
 
 
-# ------------------------------------------------------------------------------------- training
 class Rollout(NamedTuple):
     """One iteration's data, self-contained so that it can be trained on k iterations later."""
 
@@ -316,27 +224,7 @@ class Rollout(NamedTuple):
     next_done: torch.Tensor  # [N]
 
 
-def epoch_minibatches(args: Args) -> list:
-    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
-    layout) or, with --shuffle-samples, single samples."""
-    if args.shuffle_samples:
-        return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
-    return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
-
-
-def categorical_log_prob_and_entropy(logits, actions):
-    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    return logp, -(log_probs.exp() * log_probs).sum(-1)
-
-
-def categorical_kl(logits_p, logits_q):
-    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
-    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-
+# ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
@@ -455,12 +343,7 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
-                optimizer.zero_grad()
-                loss.backward()
-                harness.average_gradients(agent)  # torchrun: the mean gradient of all workers' minibatches
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                harness.step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm)
 
                 with torch.no_grad():
                     logratio = new_logp - prox_logp
@@ -489,7 +372,121 @@ def train(args: Args) -> dict:
     return {**result, "trained_steps": trained_steps}
 
 
-# ----------------------------------------------------------- what the run harness needs to know of this script
+# ------------------------------------------------------------------------------------------------------ networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels, scale):
+        super().__init__()
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    def __init__(self, in_channels, out_channels, res_scale):
+        super().__init__()
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
+
+    def forward(self, x):
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+
+    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+        super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
+
+    def forward(self, obs):
+        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+
+
+class Agent(nn.Module):
+    """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads."""
+
+    def __init__(self, envs):
+        super().__init__()
+        obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
+        if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
+            self.torso = ImpalaCNN(obs_shape[-1])
+            self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
+            self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
+        else:  # CleanRL's MLP and heads
+            self.torso = nn.Sequential(
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+            )
+            self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
+            self.critic = layer_init(nn.Linear(64, 1), std=1.0)
+
+    def get_pi(self, obs):
+        return self.actor(self.torso(obs))
+
+    def get_value(self, obs):
+        return self.critic(self.torso(obs)).squeeze(-1)
+
+    def forward(self, obs):
+        hidden = self.torso(obs)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+
+# --------------------------------------------------------------------------------------------------- environment
+def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
+    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
+    else:
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
+
+
+# ------------------------------------------------------------------------------------------ policy distributions
+def categorical_log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+# ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
     "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)",
@@ -549,6 +546,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
                         worker_share=harness.worker_share, run_name=run_name, procgen=True)
+
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))

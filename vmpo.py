@@ -31,6 +31,7 @@ import tyro
 
 import harness
 
+
 MULTIPLIER_MIN = 1e-8  # eta_min = alpha_min (Sec. 4.2.2)
 
 
@@ -110,187 +111,13 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     dimension for every state, as PPO's (the paper does not say which; same softplus, floor and initial std)"""
 
 
-def norm_obs(args: Args) -> bool:
+def obs_normalized(args: Args) -> bool:
     """--norm-obs, its default filled in: on for Box actions."""
     continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
     return continuous if args.norm_obs is None else args.norm_obs
 
 
-# ---------------------------------------------------------------------------------- environment
-def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
-    else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, norm_obs(args), render_mode)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
-    if args.norm_reward:
-        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
-    return envs
-
-
-# ------------------------------------------------------------------------------------- networks
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-@torch.no_grad()
-def normed_init(layer, scale):
-    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
-    `scale`, every bias zero."""
-    weight = layer.weight
-    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
-    layer.bias.zero_()
-    return layer
-
-
-class ResidualBlock(nn.Module):
-    def __init__(self, channels, scale):
-        super().__init__()
-        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
-        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
-
-    def forward(self, x):
-        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
-
-
-class ConvSequence(nn.Module):
-    def __init__(self, in_channels, out_channels, res_scale):
-        super().__init__()
-        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
-        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
-
-    def forward(self, x):
-        return self.res1(self.res0(self.pool(self.conv(x))))
-
-
-class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
-
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
-        super().__init__()
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
-        res_scale = (2 * len(channels)) ** -0.25
-        stacks = []
-        for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
-            in_channels = out_channels
-        self.stacks = nn.Sequential(*stacks)
-        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
-
-    def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
-
-
-class PopArt(nn.Module):
-    """Linear value head in normalized space with adaptive statistics (van Hasselt et al., 2016).
-
-    V(s) = sigma * n(s) + mu. `update(targets)` moves mu and the second moment nu towards the
-    targets' (ART) and rescales the layer so that V(s) stays exactly what it was (POP).
-    """
-
-    def __init__(self, in_features, beta=1e-4, scale_min=1e-2, scale_max=1e6):
-        super().__init__()
-        self.linear = layer_init(nn.Linear(in_features, 1), std=1.0)
-        self.beta, self.scale_min, self.scale_max = beta, scale_min, scale_max
-        self.register_buffer("mu", torch.zeros(()))
-        self.register_buffer("nu", torch.ones(()))
-
-    @property
-    def sigma(self):
-        return (self.nu - self.mu**2).clamp(self.scale_min**2, self.scale_max**2).sqrt()
-
-    def forward(self, hidden):
-        """Normalized value n(s): [B]."""
-        return self.linear(hidden).squeeze(-1)
-
-    def normalize(self, values):
-        return (values - self.mu) / self.sigma
-
-    def unnormalize(self, normalized):
-        return self.sigma * normalized + self.mu
-
-    @torch.no_grad()
-    def update(self, targets):
-        """targets: [B] unnormalized returns; one step of the statistics, outputs preserved."""
-        mu_old, sigma_old = self.mu.clone(), self.sigma
-        self.mu.lerp_(targets.mean(), self.beta)
-        self.nu.lerp_((targets**2).mean(), self.beta)
-        sigma = self.sigma
-        # sigma' (w' h + b') + mu' = sigma (w h + b) + mu  with  w' = w sigma/sigma', b' = (sigma b + mu - mu')/sigma'
-        self.linear.weight.mul_(sigma_old / sigma)
-        self.linear.bias.mul_(sigma_old).add_(mu_old - self.mu).div_(sigma)
-
-
-def mlp(in_dim, hidden):
-    """Two tanh layers of `hidden` units."""
-    return nn.Sequential(layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, hidden)), nn.Tanh())
-
-
-class Agent(nn.Module):
-    """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value
-    heads. Box actions, as the paper's Gym agents (Appendix F): the policy and the value each have their own MLP
-    (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std
-    (--no-state-dependent-std: one learned std vector).
-
-    The policy `pi` is categorical logits [B, A] for Discrete actions, or (mean, std), both [B, D], for Box actions.
-    """
-
-    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True):
-        super().__init__()
-        obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
-        self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
-        self.value_torso = None  # None: the value reads the policy's torso
-        if self.continuous:
-            hidden = 256
-            self.torso, self.value_torso = mlp(obs_shape[0], hidden), mlp(obs_shape[0], hidden)
-        elif len(obs_shape) == 3:
-            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
-            self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
-        else:
-            self.torso, hidden = mlp(obs_shape[0], 64), 64
-        num_outputs = (1 + state_dependent_std) * action_space.shape[0] if self.continuous else action_space.n
-        self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
-        self.critic = PopArt(hidden, beta=popart_beta)
-        if self.continuous and not state_dependent_std:  # softplus(0): the state-dependent head's std at init
-            self.std_param = nn.Parameter(torch.zeros(action_space.shape[0]))
-
-    def policy(self, hidden):
-        out = self.actor(hidden)
-        if not self.continuous:
-            return out
-        if hasattr(self, "std_param"):  # --no-state-dependent-std
-            mean, std_param = out, self.std_param.expand_as(out)
-        else:
-            mean, std_param = out.chunk(2, dim=-1)
-        return mean, F.softplus(std_param) + self.min_std
-
-    def get_pi(self, obs):
-        return self.policy(self.torso(obs))
-
-    def get_value(self, obs):
-        """Unnormalized V(s): [B]."""
-        hidden = self.torso(obs) if self.value_torso is None else self.value_torso(obs)
-        return self.critic.unnormalize(self.critic(hidden))
-
-    def forward(self, obs):
-        """(pi, normalized value n(s))."""
-        hidden = self.torso(obs)
-        value_hidden = hidden if self.value_torso is None else self.value_torso(obs)
-        return self.policy(hidden), self.critic(value_hidden)
-
-
-# --------------------------------------------------------------------------- algorithm functions
+# ------------------------------------------------------------- the algorithm: GAE, E-step, M-step, PopArt (Sec. 4)
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
     rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
@@ -364,37 +191,47 @@ def project_multipliers(multipliers, min_value=MULTIPLIER_MIN):
         multiplier.clamp_(min=min_value)
 
 
-# --------------------------------------------------------------------------------- policy distributions
-def categorical_log_prob_and_entropy(logits, actions):
-    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
-    log_probs = torch.log_softmax(logits, dim=-1)
-    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
-    return logp, -(log_probs.exp() * log_probs).sum(-1)
+class PopArt(nn.Module):
+    """Linear value head in normalized space with adaptive statistics (van Hasselt et al., 2016).
+
+    V(s) = sigma * n(s) + mu. `update(targets)` moves mu and the second moment nu towards the
+    targets' (ART) and rescales the layer so that V(s) stays exactly what it was (POP).
+    """
+
+    def __init__(self, in_features, beta=1e-4, scale_min=1e-2, scale_max=1e6):
+        super().__init__()
+        self.linear = layer_init(nn.Linear(in_features, 1), std=1.0)
+        self.beta, self.scale_min, self.scale_max = beta, scale_min, scale_max
+        self.register_buffer("mu", torch.zeros(()))
+        self.register_buffer("nu", torch.ones(()))
+
+    @property
+    def sigma(self):
+        return (self.nu - self.mu**2).clamp(self.scale_min**2, self.scale_max**2).sqrt()
+
+    def forward(self, hidden):
+        """Normalized value n(s): [B]."""
+        return self.linear(hidden).squeeze(-1)
+
+    def normalize(self, values):
+        return (values - self.mu) / self.sigma
+
+    def unnormalize(self, normalized):
+        return self.sigma * normalized + self.mu
+
+    @torch.no_grad()
+    def update(self, targets):
+        """targets: [B] unnormalized returns; one step of the statistics, outputs preserved."""
+        mu_old, sigma_old = self.mu.clone(), self.sigma
+        self.mu.lerp_(targets.mean(), self.beta)
+        self.nu.lerp_((targets**2).mean(), self.beta)
+        sigma = self.sigma
+        # sigma' (w' h + b') + mu' = sigma (w h + b) + mu  with  w' = w sigma/sigma', b' = (sigma b + mu - mu')/sigma'
+        self.linear.weight.mul_(sigma_old / sigma)
+        self.linear.bias.mul_(sigma_old).add_(mu_old - self.mu).div_(sigma)
 
 
-def categorical_kl(logits_p, logits_q):
-    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
-    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
-    return (log_p.exp() * (log_p - log_q)).sum(-1)
-
-
-def policy_log_prob_and_entropy(pi, actions):
-    """log pi(a|s) and entropy, both [B], for categorical logits or a Gaussian's (mean, std)."""
-    if isinstance(pi, torch.Tensor):
-        return categorical_log_prob_and_entropy(pi, actions)
-    normal = torch.distributions.Normal(*pi)
-    return normal.log_prob(actions).sum(-1), normal.entropy().sum(-1)
-
-
-def policy_kls(target_pi, pi):
-    """Per-sample KL terms of the M-step trust region, keyed like their multipliers: {name: [B]}."""
-    if isinstance(pi, torch.Tensor):
-        return {"policy": categorical_kl(target_pi, pi)}  # KL[pi_target || pi]
-    kl_mean, kl_std = gaussian_kl_decoupled(*target_pi, *pi)
-    return {"mean": kl_mean, "std": kl_std}
-
-
-# ------------------------------------------------------------------------------------- training
+# ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
@@ -407,17 +244,17 @@ def train(args: Args) -> dict:
 
     agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
     target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
-    # Lagrange multipliers: plain parameters of the same Adam, projected after every step
-    eta = nn.Parameter(torch.tensor(args.eta_init, device=device))
+    # the M-step's KL bounds eps_alpha: one for categoricals, the mean's and the std's for Gaussians (Appendix C)
     if agent.continuous:
-        alphas = {"mean": nn.Parameter(torch.tensor(args.alpha_mean_init, device=device)),
-                  "std": nn.Parameter(torch.tensor(args.alpha_std_init, device=device))}
         kl_bounds = {"mean": args.eps_alpha_mean, "std": args.eps_alpha_std}
+        alpha_inits = {"mean": args.alpha_mean_init, "std": args.alpha_std_init}
         action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     else:
-        alphas = {"policy": nn.Parameter(torch.tensor(args.alpha_init, device=device))}
-        kl_bounds = {"policy": args.eps_alpha}
-    multipliers = nn.ParameterDict({"eta": eta, **{f"alpha_{name}": alpha for name, alpha in alphas.items()}})
+        kl_bounds, alpha_inits = {"policy": args.eps_alpha}, {"policy": args.alpha_init}
+    # the Lagrange multipliers, eta and an alpha per bound: plain parameters of the same Adam, projected after every
+    # step
+    multipliers = nn.ParameterDict({"eta": nn.Parameter(torch.tensor(args.eta_init, device=device)), **{
+        f"alpha_{name}": nn.Parameter(torch.tensor(init, device=device)) for name, init in alpha_inits.items()}})
     optimizer = torch.optim.Adam(
         [{"params": agent.parameters()},
          {"params": list(multipliers.values()), "lr": args.multiplier_lr or args.learning_rate}],
@@ -441,21 +278,14 @@ def train(args: Args) -> dict:
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
 
     for iteration in range(first_iteration, num_iterations + 1):
-        # speed only: right after a sync (the default: at the end of every iteration) target == online, PopArt's
-        # statistics included, so one target pass gives the action and the online value; else: the general case
-        in_sync = learning_steps % target_period == 0
+        in_sync = learning_steps % target_period == 0  # target == online (the default: at every iteration's start)
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
-            with torch.no_grad():
-                if in_sync:
-                    step_pi, normalized_value = target_agent(next_obs)
-                    values[step] = target_agent.critic.unnormalize(normalized_value)
-                else:
-                    step_pi = target_agent.get_pi(next_obs)  # the target network acts
-                    values[step] = agent.get_value(next_obs)  # V_phi of the online network (Sec. 4.1)
+            with torch.no_grad():  # the target network acts; V_phi(s) is the online network's (Sec. 4.1)
+                step_pi, values[step] = act_and_value(target_agent, agent, next_obs, in_sync)
             if agent.continuous:
-                action = torch.distributions.Normal(*step_pi, validate_args=False).sample()  # no device sync
+                action = torch.distributions.Normal(*step_pi.chunk(2, -1), validate_args=False).sample()  # no sync
                 env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
             else:
                 action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
@@ -496,27 +326,26 @@ def train(args: Args) -> dict:
                 if args.popart:  # statistics first, then regress onto targets normalized by them
                     agent.critic.update(mb_returns)
                 new_pi, new_value = agent(mb_obs)
-                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions)  # entropy: logged, no bonus
+                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, agent.continuous)  # entropy: logged
                 with torch.no_grad():
                     target_pi = target_agent.get_pi(mb_obs)
-                    target_logp = policy_log_prob_and_entropy(target_pi, mb_actions)[0]  # logged: no ratio in V-MPO
+                    target_logp = policy_log_prob_and_entropy(target_pi, mb_actions, agent.continuous)[0]  # logged
 
                 # L_V (Eq. 1) in PopArt's normalized space
                 v_loss = 0.5 * ((new_value - agent.critic.normalize(mb_returns)) ** 2).mean()
                 # E-step over D~ (Eq. 12-13), then weighted maximum likelihood L_pi (Eq. 12)
-                weights, temperature_loss = vmpo_e_step(b_advantages[mb_inds], eta, args.eps_eta, args.top_k_fraction)
+                weights, temperature_loss = vmpo_e_step(b_advantages[mb_inds], multipliers["eta"], args.eps_eta,
+                                                        args.top_k_fraction)
                 pg_loss = vmpo_policy_loss(new_logp, weights)
                 # L_alpha on the full minibatch D (Eq. 14), decoupled for Gaussians (Appendix C)
-                kls = policy_kls(target_pi, new_pi)
-                kl_loss = sum(vmpo_kl_loss(kls[k], alphas[k], kl_bounds[k]) for k in alphas)
+                kls = policy_kls(target_pi, new_pi, agent.continuous)
+                kl_loss = sum(vmpo_kl_loss(kls[k], multipliers[f"alpha_{k}"], kl_bounds[k]) for k in kl_bounds)
                 loss = v_loss + pg_loss + temperature_loss + kl_loss  # Eq. 10-11
                 parts = {"policy_loss": pg_loss, "value_loss": v_loss, "temperature_loss": temperature_loss,
                          "kl_loss": kl_loss}
                 harness.check_finite(iteration, **parts)
 
-                optimizer.zero_grad()
-                loss.backward()
-                optimizer.step()
+                harness.step(optimizer, loss, agent)
                 project_multipliers(multipliers.values())
                 learning_steps += 1
                 if learning_steps % target_period == 0:  # theta_target <- theta_online every T_target steps
@@ -530,7 +359,7 @@ def train(args: Args) -> dict:
                     stats["losses/approx_kl"].append(((logratio.exp() - 1) - logratio).mean())  # k3 to pi_target
                     # KL[psi || uniform over D~], the quantity eps_eta bounds (dL_eta/deta = eps_eta - it)
                     stats["kl/temperature"].append(torch.xlogy(weights, weights * top_k).sum())
-                    for name in alphas:
+                    for name in kl_bounds:
                         stats[f"kl/{name}"].append(kls[name].mean().detach())
 
         # logging
@@ -542,10 +371,10 @@ def train(args: Args) -> dict:
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         # each KL next to its bound; a multiplier rises while its bound is exceeded
         writer.add_scalar("kl/temperature_bound", args.eps_eta, global_step)
-        writer.add_scalar("charts/eta", eta.item(), global_step)
-        for name, alpha in alphas.items():
-            writer.add_scalar(f"kl/{name}_bound", kl_bounds[name], global_step)
-            writer.add_scalar(f"charts/alpha_{name}", alpha.item(), global_step)
+        for name, multiplier in multipliers.items():
+            writer.add_scalar(f"charts/{name}", multiplier.item(), global_step)
+        for name, bound in kl_bounds.items():
+            writer.add_scalar(f"kl/{name}_bound", bound, global_step)
         writer.add_scalar("charts/top_k_frac", top_k / minibatch_size, global_step)
         writer.add_scalar("charts/popart_mean", agent.critic.mu.item(), global_step)
         writer.add_scalar("charts/popart_std", agent.critic.sigma.item(), global_step)
@@ -553,7 +382,180 @@ def train(args: Args) -> dict:
     return run.finish(iteration, global_step, next_obs, next_done)  # --save-model
 
 
-# ----------------------------------------------------------- what the run harness needs to know of this script
+# ------------------------------------------------------------------------------------------------------ networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+@torch.no_grad()
+def normed_init(layer, scale):
+    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
+    `scale`, every bias zero."""
+    weight = layer.weight
+    weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
+    layer.bias.zero_()
+    return layer
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, channels, scale):
+        super().__init__()
+        self.conv0 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+        self.conv1 = normed_init(nn.Conv2d(channels, channels, kernel_size=3, padding=1), scale)
+
+    def forward(self, x):
+        return x + self.conv1(torch.relu(self.conv0(torch.relu(x))))
+
+
+class ConvSequence(nn.Module):
+    def __init__(self, in_channels, out_channels, res_scale):
+        super().__init__()
+        self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
+        self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
+        self.res0 = ResidualBlock(out_channels, res_scale)
+        self.res1 = ResidualBlock(out_channels, res_scale)
+
+    def forward(self, x):
+        return self.res1(self.res0(self.pool(self.conv(x))))
+
+
+class ImpalaCNN(nn.Module):
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+
+    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+        super().__init__()
+        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
+        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        res_scale = (2 * len(channels)) ** -0.25
+        stacks = []
+        for out_channels in channels:
+            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
+            in_channels = out_channels
+        self.stacks = nn.Sequential(*stacks)
+        self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
+
+    def forward(self, obs):
+        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+
+
+def mlp(in_dim, hidden):
+    """Two tanh layers of `hidden` units."""
+    return nn.Sequential(layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, hidden)), nn.Tanh())
+
+
+class Agent(nn.Module):
+    """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value
+    heads. Box actions, as the paper's Gym agents (Appendix F): the policy and the value each have their own MLP
+    (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std
+    (--no-state-dependent-std: one learned std vector).
+
+    The policy's parameters pi, [B, P]: categorical logits, or a Gaussian's mean and std side by side.
+    """
+
+    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True):
+        super().__init__()
+        obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
+        self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
+        self.value_torso = None  # None: the value reads the policy's torso
+        if self.continuous:
+            hidden = 256
+            self.torso, self.value_torso = mlp(obs_shape[0], hidden), mlp(obs_shape[0], hidden)
+        elif len(obs_shape) == 3:
+            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
+            self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
+        else:
+            self.torso, hidden = mlp(obs_shape[0], 64), 64
+        num_outputs = (1 + state_dependent_std) * action_space.shape[0] if self.continuous else action_space.n
+        self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
+        self.critic = PopArt(hidden, beta=popart_beta)
+        if self.continuous and not state_dependent_std:  # softplus(0): the state-dependent head's std at init
+            self.std_param = nn.Parameter(torch.zeros(action_space.shape[0]))
+
+    def policy(self, hidden):
+        out = self.actor(hidden)
+        if not self.continuous:
+            return out
+        if hasattr(self, "std_param"):  # --no-state-dependent-std
+            mean, std_param = out, self.std_param.expand_as(out)
+        else:
+            mean, std_param = out.chunk(2, dim=-1)
+        return torch.cat([mean, F.softplus(std_param) + self.min_std], dim=-1)
+
+    def get_pi(self, obs):
+        return self.policy(self.torso(obs))
+
+    def get_value(self, obs):
+        """Unnormalized V(s): [B]."""
+        hidden = self.torso(obs) if self.value_torso is None else self.value_torso(obs)
+        return self.critic.unnormalize(self.critic(hidden))
+
+    def forward(self, obs):
+        """(pi, normalized value n(s))."""
+        hidden = self.torso(obs)
+        value_hidden = hidden if self.value_torso is None else self.value_torso(obs)
+        return self.policy(hidden), self.critic(value_hidden)
+
+
+def act_and_value(target_agent, agent, obs, in_sync):
+    """(pi of the target network, which acts; V_phi(s) of the online network). Right after a sync the two networks
+    are the same, PopArt's statistics included, so one pass of the target gives both: speed only, same numbers."""
+    if not in_sync:
+        return target_agent.get_pi(obs), agent.get_value(obs)
+    pi, normalized_value = target_agent(obs)
+    return pi, target_agent.critic.unnormalize(normalized_value)
+
+
+# --------------------------------------------------------------------------------------------------- environment
+def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
+    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
+    if args.env_id in harness.PROCGEN_GAMES:
+        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
+                                     args.distribution_mode, args.seed, render_mode)
+    else:
+        envs = harness.gymnasium_envs(args.env_id, args.num_envs, obs_normalized(args), render_mode)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
+    if args.norm_reward:
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
+    return envs
+
+
+# ------------------------------------------------------------------------------------------ policy distributions
+def categorical_log_prob_and_entropy(logits, actions):
+    """Categorical log pi(a|s) of `actions` and entropy, both [B]."""
+    log_probs = torch.log_softmax(logits, dim=-1)
+    logp = log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+    return logp, -(log_probs.exp() * log_probs).sum(-1)
+
+
+def categorical_kl(logits_p, logits_q):
+    """Per-sample KL[p || q] between categoricals given by logits, [B]."""
+    log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+def policy_log_prob_and_entropy(pi, actions, continuous=False):
+    """log pi(a|s) and entropy, both [B]; pi [B, P]: categorical logits, or a Gaussian's mean and std side by side."""
+    if not continuous:
+        return categorical_log_prob_and_entropy(pi, actions)
+    normal = torch.distributions.Normal(*pi.chunk(2, dim=-1))
+    return normal.log_prob(actions).sum(-1), normal.entropy().sum(-1)
+
+
+def policy_kls(target_pi, pi, continuous=False):
+    """Per-sample KL terms of the M-step trust region, keyed like their bounds: {name: [B]}."""
+    if not continuous:
+        return {"policy": categorical_kl(target_pi, pi)}  # KL[pi_target || pi]
+    kl_mean, kl_std = gaussian_kl_decoupled(*target_pi.chunk(2, dim=-1), *pi.chunk(2, dim=-1))
+    return {"mean": kl_mean, "std": kl_std}
+
+
+# ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "target_period": "[0, inf)", "multiplier_lr": "(0, inf)",
     "popart_beta": "(0, 1]", "top_k_fraction": "(0, 1]", "eta_init": "(0, inf)", "eps_eta": "(0, inf)",
@@ -585,14 +587,15 @@ def acting_policy(args: Args, envs, models: dict, device):
     def act(obs):
         pi = agent.get_pi(obs)
         if args.eval_deterministic:
-            return pi[0] if agent.continuous else pi.argmax(-1)
-        return torch.distributions.Normal(*pi).sample() if agent.continuous else \
+            return pi.chunk(2, dim=-1)[0] if agent.continuous else pi.argmax(-1)
+        return torch.distributions.Normal(*pi.chunk(2, dim=-1)).sample() if agent.continuous else \
             torch.distributions.Categorical(logits=pi).sample()
     return harness.actor(act, envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, procgen=True, actions="any")
+
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))
