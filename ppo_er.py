@@ -25,6 +25,7 @@ import tyro
 
 import harness
 
+
 @dataclass
 class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
     # the experiment: MuJoCo, 1M steps
@@ -76,50 +77,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """standardize the advantages within each minibatch (the paper does not say; common PPO practice)"""
 
 
-# ---------------------------------------------------------------------------------- environment
-def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics and reward scaling (observations: harness.gymnasium_envs)."""
-    envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode, images=False)
-    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
-    if args.norm_reward:
-        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
-    return envs
-
-
-# ------------------------------------------------------------------------------------- networks
-def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
-    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
-    nn.init.orthogonal_(layer.weight, std)
-    nn.init.constant_(layer.bias, bias_const)
-    return layer
-
-
-def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
-    return nn.Sequential(layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-                         layer_init(nn.Linear(64, out_dim), std=out_std))
-
-
-class Agent(nn.Module):
-    """Policy N(mu(s; phi), sigma^2) with a state-independent sigma, and a separate value network V(s) (Sec. IV)."""
-
-    def __init__(self, envs):
-        super().__init__()
-        obs_dim = int(np.prod(envs.single_observation_space.shape))
-        action_dim = int(np.prod(envs.single_action_space.shape))
-        self.actor_mean = mlp(obs_dim, action_dim, out_std=0.01)
-        self.actor_log_std = nn.Parameter(torch.zeros(action_dim))  # log sigma, one per action dim
-        self.critic = mlp(obs_dim, 1, out_std=1.0)
-
-    def get_value(self, obs):
-        return self.critic(obs).squeeze(-1)
-
-    def get_pi(self, obs):
-        mean = self.actor_mean(obs)
-        return mean, self.actor_log_std.expand_as(mean)
-
-
-# --------------------------------------------------------------------------- algorithm functions
+# ------------------------------------------------------------------- the algorithm: GAE, the loss, the replay memory
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
     rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
@@ -136,16 +94,6 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
         last_gae = delta + gamma * gae_lambda * next_nonterminal * last_gae
         advantages[t] = last_gae
     return advantages, advantages + values
-
-
-def gaussian_log_prob(actions, mean, log_std):
-    """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
-    return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
-
-
-def gaussian_entropy(log_std):
-    """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
-    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
 
 
 def ppo_er_loss(new_logp, behav_logp, advantages, clip_coef):
@@ -208,8 +156,7 @@ class ReplayMemory:
         return list(flat.reshape(rows // per_actor, per_actor * num_envs))
 
 
-# ------------------------------------------------------------------------------------- training
-
+# ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
@@ -251,7 +198,7 @@ def train(args: Args) -> dict:
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                mean, log_std = agent.get_pi(next_obs)
+                mean, log_std = agent.get_pi(next_obs).chunk(2, dim=-1)
                 values[step] = agent.get_value(next_obs)
                 action = mean + log_std.exp() * torch.randn_like(mean)  # a ~ N(mu(s), sigma^2), eq. (10)
             actions[step], behav_means[step], behav_log_stds[step] = action, mean, log_std
@@ -294,7 +241,7 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in replay.minibatch_indices(minibatch_size):
                 mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
-                mean, log_std = agent.get_pi(mb_obs)
+                mean, log_std = agent.get_pi(mb_obs).chunk(2, dim=-1)
                 new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
                 new_value = agent.get_value(mb_obs)
                 if args.norm_adv:
@@ -306,11 +253,7 @@ def train(args: Args) -> dict:
                 loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
-                optimizer.zero_grad()
-                loss.backward()
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                harness.step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm)
 
                 with torch.no_grad():
                     logratio = new_logp - mb_behav_logp
@@ -346,7 +289,62 @@ def train(args: Args) -> dict:
     return run.finish(iteration, global_step, next_obs, next_done, replay=list(replay.batches))  # --save-model
 
 
-# ----------------------------------------------------------- what the run harness needs to know of this script
+# ------------------------------------------------------------------------------------------------------ networks
+def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
+    """CleanRL's orthogonal init, for the MLPs of vector observations (the papers' official code has none)."""
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias_const)
+    return layer
+
+
+def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
+    return nn.Sequential(layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
+                         layer_init(nn.Linear(64, out_dim), std=out_std))
+
+
+class Agent(nn.Module):
+    """Policy N(mu(s; phi), sigma^2) with a state-independent sigma, and a separate value network V(s) (Sec. IV). The
+    policy's parameters pi, [B, P]: the mean and log-std side by side."""
+
+    def __init__(self, envs):
+        super().__init__()
+        obs_dim = int(np.prod(envs.single_observation_space.shape))
+        action_dim = int(np.prod(envs.single_action_space.shape))
+        self.actor_mean = mlp(obs_dim, action_dim, out_std=0.01)
+        self.actor_log_std = nn.Parameter(torch.zeros(action_dim))  # log sigma, one per action dim
+        self.critic = mlp(obs_dim, 1, out_std=1.0)
+
+    def get_value(self, obs):
+        return self.critic(obs).squeeze(-1)
+
+    def get_pi(self, obs):
+        mean = self.actor_mean(obs)
+        return torch.cat([mean, self.actor_log_std.expand_as(mean)], dim=-1)
+
+
+# --------------------------------------------------------------------------------------------------- environment
+def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
+    """Vectorized env with raw-score episode statistics and reward scaling (observations: harness.gymnasium_envs)."""
+    envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode, images=False)
+    envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
+    if args.norm_reward:
+        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
+    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
+    return envs
+
+
+# ------------------------------------------------------------------------------------------ policy distributions
+def gaussian_log_prob(actions, mean, log_std):
+    """log N(a; mu, sigma^2) summed over action dims. actions, mean: [B, A]; log_std: [B, A] or [A]. Returns [B]."""
+    return (-0.5 * ((actions - mean) / log_std.exp()) ** 2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+
+def gaussian_entropy(log_std):
+    """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
+    return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+# ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "replay_batches": "[1, inf)", "clip_coef": "(0, 1]", "vf_coef": "[0, inf)", "ent_coef": "[0, inf)",
     "max_grad_norm": "(0, inf)",
@@ -381,7 +379,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     agent.load_state_dict(models["agent"])
 
     def act(obs):
-        mean, log_std = agent.get_pi(obs)
+        mean, log_std = agent.get_pi(obs).chunk(2, dim=-1)
         return mean if args.eval_deterministic else mean + log_std.exp() * torch.randn_like(mean)
     return harness.actor(act, envs, device)
 
@@ -389,6 +387,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe, actions="continuous",
                         images=False)
+
 
 if __name__ == "__main__":
     train(tyro.cli(Args, description=__doc__))
