@@ -147,7 +147,7 @@ class Script:
     run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
     defaults: Callable = lambda args: args  # the command line's Args -> with the defaults run_args fills in
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
-    run_name: Callable = lambda args: f"{portable(args.env_id)}__{args.exp_name}__{args.seed}"  # the run dir's, less time
+    run_name: Callable = lambda args: f"{portable(args.env_id)}__{args.exp_name}__{args.seed}"  # the run dir, less time
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
@@ -850,9 +850,9 @@ class Progress:
 
 # ----------------------------------------------------------------------------- checkpoints and resume
 def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
-    """The one checkpoint format, tensors and plain data only, so that torch.load(weights_only=True) reads it and loading
-    one runs no code: Args, `saved`'s states, the env stack's normalizers, the random state, the envs (env_state), and
-    `keys` (global_step, iteration, ..., and a script's own)."""
+    """The one checkpoint format, tensors and plain data only, so that torch.load(weights_only=True) reads it and
+    loading one runs no code: Args, `saved`'s states, the env stack's normalizers, the random state, the envs
+    (env_state), and `keys` (global_step, iteration, ..., and a script's own)."""
     return {
         "args": dataclasses.asdict(args),
         "models": {name: model.state_dict() for name, model in saved.models.items()},

@@ -403,7 +403,8 @@ def train(args: Args) -> dict:
     # phase ends (its buffer is then spent), the first phase end at or after every --checkpoint-every iterations
     saved = harness.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
                           optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
-                          normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
+                          normalizers={"reward": reward_normalizer, "advantages": adv_moments,
+                                       "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     if run.checkpoint:  # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
         ewma_weight = run.checkpoint["ewma_weight"]

@@ -366,7 +366,8 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
-                          normalizers={"reward": reward_normalizer, "advantages": adv_moments, "noise_scale": noise_scale})
+                          normalizers={"reward": reward_normalizer, "advantages": adv_moments,
+                                       "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     if run.checkpoint:  # theta_prox is never reset, so it spans iterations: its w comes back with it
         ewma_weight = run.checkpoint["ewma_weight"]
@@ -662,7 +663,8 @@ def policy_log_prob_and_entropy(pi, actions, continuous=False, nvec=None):
         mean, log_std = pi.chunk(2, dim=-1)
         return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
     if nvec is not None:
-        parts = [categorical_log_prob_and_entropy(logits, a) for logits, a in zip(pi.split(nvec, -1), actions.unbind(-1))]
+        parts = [categorical_log_prob_and_entropy(logits, action)
+                 for logits, action in zip(pi.split(nvec, -1), actions.unbind(-1))]
         return sum(logp for logp, _ in parts), sum(entropy for _, entropy in parts)
     return categorical_log_prob_and_entropy(pi, actions)
 

@@ -445,7 +445,8 @@ class ImpalaCNN(nn.Module):
 
 def mlp(in_dim, hidden):
     """Two tanh layers of `hidden` units."""
-    return nn.Sequential(layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, hidden)), nn.Tanh())
+    return nn.Sequential(layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, hidden)),
+                         nn.Tanh())
 
 
 class Agent(nn.Module):

@@ -12,7 +12,8 @@ BSI = ("ppo_ewma", "ppg_ewma", "ppo_staleness")  # the batch size-invariance scr
 IMAGES = (*BSI, "vmpo")  # the scripts with the IMPALA CNN
 COPIES = {  # a function or class -> the scripts that hold a copy of it
     "compute_gae": (*IMAGES, "ppo_er"), "layer_init": (*IMAGES, "ppo_er"),
-    **{name: IMAGES for name in ("normed_init", "ResidualBlock", "ConvSequence", "ImpalaCNN", "categorical_log_prob_and_entropy",
+    **{name: IMAGES for name in ("normed_init", "ResidualBlock", "ConvSequence", "ImpalaCNN",
+                                 "categorical_log_prob_and_entropy",
                                  "categorical_kl")},
     **{name: BSI for name in ("decoupled_clip_loss", "value_loss", "RewardNormalizer", "minibatch_indices",
                               "epoch_minibatches")},

@@ -452,7 +452,8 @@ if __name__ == "__main__":  # --log PATH: every run's scalars into PATH; --recor
 # ------------------------------------------------ your own env and its spaces, deterministic evaluation, W&B
 class TupleEnv(gym.Env):
     """Tuple observations of a 2-vector and a 2x2 uint8 grid, always the same."""
-    observation_space = gym.spaces.Tuple((gym.spaces.Box(0, 9, (2,), np.float32), gym.spaces.Box(0, 9, (2, 2), np.uint8)))
+    observation_space = gym.spaces.Tuple((gym.spaces.Box(0, 9, (2,), np.float32),
+                                          gym.spaces.Box(0, 9, (2, 2), np.uint8)))
     action_space = gym.spaces.Discrete(2)
 
     def reset(self, *, seed=None, options=None):
@@ -525,7 +526,7 @@ def mode_of(script, models, envs, obs):
         network, name = module.Agent(envs), "target_agent" if script == "vmpo" else "agent"
     network.load_state_dict(models[name])
     pi = network.get_pi(obs)
-    return pi[0].clamp(-2.0, 2.0) if script == "ppo_er" else pi.argmax(-1)
+    return pi.chunk(2, -1)[0].clamp(-2.0, 2.0) if script == "ppo_er" else pi.argmax(-1)
 
 
 @pytest.mark.parametrize("script", ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"])

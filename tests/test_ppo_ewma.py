@@ -521,7 +521,8 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     assert not torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
-    fresh_saved = harness.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma}, optimizers={"optimizer": fresh_optimizer},
+    fresh_saved = harness.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma},
+                                optimizers={"optimizer": fresh_optimizer},
                                 normalizers={"reward": fresh_normalizer, "advantages": fresh_moments})
     harness.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2))
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
@@ -656,7 +657,8 @@ def test_multidiscrete_sampling_and_mode_take_one_value_per_sub_action():
     # Bernoulli draws: at most 0.0035, so 0.015 is over 4 std)
     assert (actions[:, 0] == 1).float().mean().item() == pytest.approx(0.75, abs=0.015)
     assert (actions[:, 1] == 2).float().mean().item() == pytest.approx(1 / 3, abs=0.015)
-    assert ppo_ewma.sample_actions(LOGITS_Q, nvec=NVEC, mode=True).tolist() == [[0, 2]]  # argmax of each: a tie goes to the first
+    # the argmax of each sub-action's logits; a tie goes to the first value
+    assert ppo_ewma.sample_actions(LOGITS_Q, nvec=NVEC, mode=True).tolist() == [[0, 2]]
 
 
 # ----------------------------------------------------------------------------------- continuous actions
@@ -762,7 +764,8 @@ def test_defaults_that_depend_on_the_action_type():
     # steps, 3 x E x M = 3 x 3 epochs x 8 minibatches = 72 (MuJoCo's 10 x 32: 960), then x c = 2 under
     # --batch-divisor 2 (144); starpilot keeps the paper's 8 x 2 = 16
     assert (continuous.ewma_com, discrete.ewma_com) == (72.0, 8.0)
-    assert ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)).ewma_com == 960.0
+    mujoco_sized = Args(env_id="Pendulum-v1", update_epochs=10, num_minibatches=32)
+    assert ppo_ewma.apply_batch_divisor(mujoco_sized).ewma_com == 960.0
     assert ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2)).ewma_com == 144.0
     assert apply_batch_divisor(Args(env_id="Pendulum-v1", batch_divisor=2, adjust_ewma=False)).ewma_com == 72.0
     assert ppo_ewma.apply_batch_divisor(Args(batch_divisor=2)).ewma_com == 16.0
