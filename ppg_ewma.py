@@ -123,6 +123,11 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """with --batch-divisor: raise Adam's beta1 and beta2 to the power 1/c (Appendix D)"""
     adjust_n_pi: bool = True
     """with --batch-divisor: multiply N_pi by c, so a phase keeps the same number of env steps (Sec. 4)"""
+    adjust_aux: bool = True
+    """with --batch-divisor: the auxiliary phase as Appendix B: the paper cut 4 workers to 1 before the envs of each,
+    keeping the aux minibatch per worker, so the first factor a = min(c, 4) divides the total aux minibatch and the
+    aux step size by sqrt(a) (a under --lr-rule linear); beyond c = 4 nothing more. The aux Adam's betas stay
+    unadjusted, also under --adjust-adam-betas. torchrun workers split the total, as W workers learn as one process"""
 
     # options beyond the paper, off by default
     exp_name: str = "ppg_ewma"
@@ -137,10 +142,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
 
 
 def apply_batch_divisor(args: Args) -> Args:
-    """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args. The auxiliary
-    phase is left alone: with N_pi x c its buffer holds the same samples, and its minibatch size and step size are
-    absolute, so it runs exactly as at the default size. A simplification: Appendix B kept the aux minibatch per
-    worker and so still divided its step size where c cut the number of workers (c <= 4), not envs per worker."""
+    """The adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as a new Args, and Appendix B's
+    for the auxiliary phase: with N_pi x c its buffer holds the same samples; the paper reduced its 4 workers to 1
+    first (c <= 4 here) and then the envs of each, keeping the aux minibatch per worker and adjusting the aux step
+    size only while it cut workers."""
     c = args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
@@ -156,6 +161,14 @@ def apply_batch_divisor(args: Args) -> Args:
         changes["adam_beta2"] = args.adam_beta2 ** (1 / c)
     if args.adjust_n_pi:
         changes["n_pi"] = args.n_pi * c
+    if args.adjust_aux:  # the factor of c that cut the paper's workers
+        workers_cut = min(c, 4)
+        if args.aux_minibatch_size % workers_cut != 0:
+            raise SystemExit(f"--aux-minibatch-size {args.aux_minibatch_size} must be a multiple of "
+                             f"min(--batch-divisor, 4) = {workers_cut}, which --adjust-aux divides it by (Appendix B).")
+        changes["aux_minibatch_size"] = args.aux_minibatch_size // workers_cut
+        lr_divisor = workers_cut if args.lr_rule == "linear" else math.sqrt(workers_cut)
+        changes["aux_learning_rate"] = args.aux_learning_rate / lr_divisor
     return dataclasses.replace(args, **changes)
 
 
@@ -179,18 +192,19 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): the mean of -min(r A, r_prox clip(pi/pi_prox, 1-eps, 1+eps) A) with the importance
-    weights r = pi/pi_behav and r_prox = pi_prox/pi_behav; all inputs [B], only new_logp carries gradient. With
-    prox_logp == behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A) with r_t = pi/pi_prox
+    and r_prox = pi_prox/pi_behav: since r_prox > 0 and r_prox r_t = pi/pi_behav, that is
+    -min((pi/pi_behav) A, r_prox clip(r_t) A). All inputs [B]; only new_logp carries gradient. With prox_logp ==
+    behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap r <= max_is_ratio raises log pi_behav, which lowers r and r_prox by the same factor
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
+    # both terms' weight by the same factor; the gradient still flows through pi
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
-    log_r = new_logp - behav_logp
-    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
-    # r_prox clip(pi/pi_prox) summed in log space, as the official code: a huge pi/pi_prox times a tiny r_prox
-    # cannot overflow
+    log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
+    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
+    # r_prox clip(r_t) summed in log space, as the official code: a huge r_t times a tiny r_prox cannot overflow
     log_r_prox_clipped = log_clipped + prox_logp - behav_logp
-    return -torch.min(torch.exp(log_r) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
+    return -torch.min(torch.exp(log_is_ratio) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
@@ -295,6 +309,7 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
     steps = torch.arange(num_steps).reshape(chunks, -1)  # [chunks, steps per chunk]
+    # inds[g, c, e, s] = t * N + n for env n = groups[g, e] at its chunk c's s-th step t = steps[c, s]
     inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]  # [groups, chunks, envs, steps]
     return list(inds.reshape(num_minibatches, -1))
 
@@ -378,7 +393,7 @@ def train(args: Args) -> dict:
     parameters = list(policy.parameters()) + list(value_net.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2))
-    # the auxiliary phase's minibatches do not shrink with c, so its Adam keeps the unadjusted betas too
+    # Appendix B adjusts only the auxiliary phase's step size, so its Adam keeps the unadjusted betas
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
                                      betas=(run.command_args.adam_beta1, run.command_args.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
@@ -729,7 +744,8 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
-                        run_args=apply_batch_divisor, worker_share=worker_share, procgen=True)
+                        run_args=apply_batch_divisor, worker_share=worker_share, procgen=True,
+                        missing_flags={"adjust_aux": False})  # runs before --adjust-aux left the aux phase alone
 
 
 if __name__ == "__main__":

@@ -41,8 +41,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """steps of each actor per iteration, N/K: the batch of N = num_envs x num_steps samples that one policy
     collects (Table II: N = 2048)"""
     num_minibatches: int = 32
-    """N/M: the minibatch size is M = N / num_minibatches, M/K samples from each actor (Table II: M = 64); one
-    epoch over the L stored batches takes L x N/M minibatches"""
+    """N/M, where the paper's M is the minibatch size (in the other scripts, M counts minibatches): M = N /
+    num_minibatches, M/K samples from each actor (Table II: M = 64); an epoch over L batches takes L x N/M"""
     update_epochs: int = 10
     """epochs T over the replay memory per iteration (Table II)"""
     replay_batches: int = 2

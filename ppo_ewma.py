@@ -196,18 +196,19 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): the mean of -min(r A, r_prox clip(pi/pi_prox, 1-eps, 1+eps) A) with the importance
-    weights r = pi/pi_behav and r_prox = pi_prox/pi_behav; all inputs [B], only new_logp carries gradient. With
-    prox_logp == behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A) with r_t = pi/pi_prox
+    and r_prox = pi_prox/pi_behav: since r_prox > 0 and r_prox r_t = pi/pi_behav, that is
+    -min((pi/pi_behav) A, r_prox clip(r_t) A). All inputs [B]; only new_logp carries gradient. With prox_logp ==
+    behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap r <= max_is_ratio raises log pi_behav, which lowers r and r_prox by the same factor
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
+    # both terms' weight by the same factor; the gradient still flows through pi
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
-    log_r = new_logp - behav_logp
-    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
-    # r_prox clip(pi/pi_prox) summed in log space, as the official code: a huge pi/pi_prox times a tiny r_prox
-    # cannot overflow
+    log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
+    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
+    # r_prox clip(r_t) summed in log space, as the official code: a huge r_t times a tiny r_prox cannot overflow
     log_r_prox_clipped = log_clipped + prox_logp - behav_logp
-    return -torch.min(torch.exp(log_r) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
+    return -torch.min(torch.exp(log_is_ratio) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
@@ -307,6 +308,7 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
     steps = torch.arange(num_steps).reshape(chunks, -1)  # [chunks, steps per chunk]
+    # inds[g, c, e, s] = t * N + n for env n = groups[g, e] at its chunk c's s-th step t = steps[c, s]
     inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]  # [groups, chunks, envs, steps]
     return list(inds.reshape(num_minibatches, -1))
 

@@ -40,7 +40,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     start_level: int = 0
     """Procgen's first level seed"""
     total_timesteps: int = 100_000_000
-    """total environment steps, warm-up included (the paper: 100M)"""
+    """environment steps trained on (the paper: 100M); the k warm-up rollouts of --staleness are collected on top"""
 
     # staleness and the three objectives of Fig. 1
     staleness: int = 4
@@ -116,18 +116,19 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2): the mean of -min(r A, r_prox clip(pi/pi_prox, 1-eps, 1+eps) A) with the importance
-    weights r = pi/pi_behav and r_prox = pi_prox/pi_behav; all inputs [B], only new_logp carries gradient. With
-    prox_logp == behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A) with r_t = pi/pi_prox
+    and r_prox = pi_prox/pi_behav: since r_prox > 0 and r_prox r_t = pi/pi_behav, that is
+    -min((pi/pi_behav) A, r_prox clip(r_t) A). All inputs [B]; only new_logp carries gradient. With prox_logp ==
+    behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap r <= max_is_ratio raises log pi_behav, which lowers r and r_prox by the same factor
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
+    # both terms' weight by the same factor; the gradient still flows through pi
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
-    log_r = new_logp - behav_logp
-    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))
-    # r_prox clip(pi/pi_prox) summed in log space, as the official code: a huge pi/pi_prox times a tiny r_prox
-    # cannot overflow
+    log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
+    log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
+    # r_prox clip(r_t) summed in log space, as the official code: a huge r_t times a tiny r_prox cannot overflow
     log_r_prox_clipped = log_clipped + prox_logp - behav_logp
-    return -torch.min(torch.exp(log_r) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
+    return -torch.min(torch.exp(log_is_ratio) * advantages, torch.exp(log_r_prox_clipped) * advantages).mean()
 
 
 def value_loss(values, returns):
@@ -169,6 +170,7 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
     chunks = max(1, num_minibatches // num_envs)  # time chunks per trajectory
     groups = envs.reshape(num_minibatches // chunks, -1)  # [env groups, envs per minibatch]
     steps = torch.arange(num_steps).reshape(chunks, -1)  # [chunks, steps per chunk]
+    # inds[g, c, e, s] = t * N + n for env n = groups[g, e] at its chunk c's s-th step t = steps[c, s]
     inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]  # [groups, chunks, envs, steps]
     return list(inds.reshape(num_minibatches, -1))
 
@@ -232,7 +234,7 @@ def train(args: Args) -> dict:
     args = run.args  # from here on the run's Args: under torchrun, this worker's share
     envs, device, writer = run.envs, run.device, run.writer
     batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
-    last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained
+    last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained ones
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
     agent = Agent(envs).to(device)
@@ -248,7 +250,7 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    # what a checkpoint holds, restored with --resume (the queue is not: count_iterations)
+    # what a checkpoint holds, restored with --resume (the queue is not: it warms up again, see count_iterations)
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done, last_iteration)

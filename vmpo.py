@@ -325,14 +325,14 @@ def train(args: Args) -> dict:
                 mb_obs, mb_actions, mb_returns = b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds]
                 if args.popart:  # statistics first, then regress onto targets normalized by them
                     agent.critic.update(mb_returns)
-                new_pi, new_value = agent(mb_obs)
+                new_pi, normalized_value = agent(mb_obs)
                 new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, agent.continuous)  # entropy: logged
                 with torch.no_grad():
                     target_pi = target_agent.get_pi(mb_obs)
                     target_logp = policy_log_prob_and_entropy(target_pi, mb_actions, agent.continuous)[0]  # logged
 
                 # L_V (Eq. 1) in PopArt's normalized space
-                v_loss = 0.5 * ((new_value - agent.critic.normalize(mb_returns)) ** 2).mean()
+                v_loss = 0.5 * ((normalized_value - agent.critic.normalize(mb_returns)) ** 2).mean()
                 # E-step over D~ (Eq. 12-13), then weighted maximum likelihood L_pi (Eq. 12)
                 weights, temperature_loss = vmpo_e_step(b_advantages[mb_inds], multipliers["eta"], args.eps_eta,
                                                         args.top_k_fraction)
