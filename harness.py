@@ -151,6 +151,7 @@ class Script:
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
+    missing_flags: dict = dataclasses.field(default_factory=dict)  # flags added later, as older checkpoints trained
 
     @property
     def name(self) -> str:
@@ -893,6 +894,12 @@ def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
     return checkpoint
 
 
+def checkpoint_args(checkpoint, script: Script):
+    """The Args a checkpoint's run trained with: a flag added since it was written takes the value of
+    script.missing_flags (what the run did before the flag existed), else its default."""
+    return script.args_type(**{**script.missing_flags, **checkpoint["args"]})
+
+
 def resume_from(args, script: Script) -> tuple:
     """--resume PATH: (the checkpoint's Args with this command line's output flags, the checkpoint); without it
     (args, None). A finished run's checkpoint gives its model.pt and nothing else."""
@@ -906,7 +913,7 @@ def resume_from(args, script: Script) -> tuple:
                          f"(only --cuda, --save-model and --checkpoint-every may be given with --resume).")
     checkpoint = load_checkpoint(args.resume, "--resume", script)
     output_flags = {name: getattr(args, name) for name in OUTPUT_FLAGS}
-    resumed = dataclasses.replace(script.args_type(**checkpoint["args"]), resume=args.resume, **output_flags)
+    resumed = dataclasses.replace(checkpoint_args(checkpoint, script), resume=args.resume, **output_flags)
     if checkpoint["iteration"] >= checkpoint["num_iterations"]:
         done = f"--resume {args.resume}: that run already finished all {checkpoint['iteration']:,} iterations"
         if not args.save_model:
@@ -1139,7 +1146,7 @@ def evaluate(args, script: Script) -> dict:
     if args.capture_video:
         check_video_dependency()
     checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = script.run_args(script.args_type(**checkpoint["args"]))  # as the run trained, acting as told here
+    run_args = script.run_args(checkpoint_args(checkpoint, script))  # as the run trained, acting as told here
     run_args = dataclasses.replace(run_args, eval_deterministic=args.eval_deterministic)
     if args.capture_video:
         check_rendering(run_args.env_id, script.procgen_games)

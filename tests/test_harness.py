@@ -37,6 +37,9 @@ RUNS = {  # name: (script, Args fields); each a few iterations, every code path 
     "ppo_ewma_divisor_kl": ("ppo_ewma", dict(CARTPOLE, num_envs=8, batch_divisor=2, objective="kl",
                                              total_timesteps=512)),
     "ppg_ewma": ("ppg_ewma", dict(CARTPOLE, n_pi=2, aux_minibatch_size=64, aux_epochs=2, total_timesteps=512)),
+    # c = 2: 4 envs, N_pi 4, the aux minibatch 64 / 2 and its step size / sqrt(2) (Appendix B); one phase
+    "ppg_ewma_divisor": ("ppg_ewma", dict(CARTPOLE, num_envs=8, batch_divisor=2, n_pi=2, aux_minibatch_size=64,
+                                          aux_epochs=2, total_timesteps=512)),
     "ppo_staleness": ("ppo_staleness", dict(CARTPOLE, staleness=2, update_epochs=2, total_timesteps=512)),
     "vmpo_cartpole": ("vmpo", dict(CARTPOLE, total_timesteps=512)),
     "vmpo_pendulum": ("vmpo", dict(PENDULUM, total_timesteps=512)),
@@ -428,27 +431,6 @@ def test_recipes_are_read_from_a_docstring_with_their_continuation_lines():
     assert harness.recipes(doc) == ["python a.py --x 1", "python a.py --y 2 --z 3"]
 
 
-if __name__ == "__main__":  # --log PATH: every run's scalars into PATH; --record: the fixture, on every CPU level
-    import tempfile
-
-    if sys.argv[1] == "--log":
-        torch.set_num_threads(1)
-        with open(sys.argv[2], "w") as file:
-            json.dump({name: logged_scalars(script, config, name) for name, (script, config) in RUNS.items()}, file)
-    elif sys.argv[1] == "--record":
-        with tempfile.TemporaryDirectory() as tmp:
-            levels = {capability: log_every_run(capability, tmp) for capability in cpu_capabilities()}
-        scalars = levels[cpu_capabilities()[-1]]  # the native level's
-        def spread(name, tag):  # the largest difference between two levels at one step
-            values = np.array([np.array(level[name][tag])[:, 1] for level in levels.values()])
-            return float(np.nan_to_num(np.ptp(values, axis=0)).max())
-        spread = {name: {tag: spread(name, tag) for tag in tags} for name, tags in scalars.items()}
-        with open(FIXTURE, "w") as file:
-            json.dump({"levels": list(levels), "scalars": scalars, "spread": spread}, file, indent=0, sort_keys=True)
-        print(f"wrote {FIXTURE}: {sum(len(v) for r in scalars.values() for v in r.values())} points, levels "
-              f"{', '.join(levels)}")
-
-
 # ------------------------------------------------ your own env and its spaces, deterministic evaluation, W&B
 class TupleEnv(gym.Env):
     """Tuple observations of a 2-vector and a 2x2 uint8 grid, always the same."""
@@ -588,3 +570,29 @@ def test_track_logs_to_an_offline_wandb_run_that_resume_continues(tmp_path, monk
         while not all(needle in open(log, "rb").read() for needle in needles):  # W&B's service writes it a little
             assert time.time() < deadline, f"{log} lacks some of {needles}"  # after wandb.finish() returns
             time.sleep(0.5)
+
+
+if __name__ == "__main__":  # --log PATH: every run's scalars into PATH; --record: the fixture, on every CPU level
+    import tempfile
+
+    if sys.argv[1] == "--log":
+        torch.set_num_threads(1)
+        with open(sys.argv[2], "w") as file:
+            json.dump({name: logged_scalars(script, config, name) for name, (script, config) in RUNS.items()}, file)
+    elif sys.argv[1] == "--record":  # [NAME ...]: only these runs, every other one kept as it was recorded
+        names = sys.argv[2:] or list(RUNS)
+        with tempfile.TemporaryDirectory() as tmp:
+            levels = {capability: log_every_run(capability, tmp) for capability in cpu_capabilities()}
+        scalars = levels[cpu_capabilities()[-1]]  # the native level's
+        def spread(name, tag):  # the largest difference between two levels at one step
+            values = np.array([np.array(level[name][tag])[:, 1] for level in levels.values()])
+            return float(np.nan_to_num(np.ptp(values, axis=0)).max())
+        fixture = {"levels": list(levels), "scalars": {}, "spread": {}}
+        if names != list(RUNS):
+            with open(FIXTURE) as file:
+                fixture = json.load(file)
+        fixture["scalars"].update({name: scalars[name] for name in names})
+        fixture["spread"].update({name: {tag: spread(name, tag) for tag in scalars[name]} for name in names})
+        with open(FIXTURE, "w") as file:
+            json.dump(fixture, file, indent=0, sort_keys=True)
+        print(f"wrote {', '.join(names)} into {FIXTURE}: levels {', '.join(levels)}")

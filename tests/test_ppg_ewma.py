@@ -149,7 +149,7 @@ def test_compute_gae_by_hand():
 
 
 # ------------------------------------------------------------------- batch divisor and arguments
-def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_auxiliary_phase():
+def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_phase_batch():
     args = Args()
     new = apply_batch_divisor(dataclasses.replace(args, batch_divisor=4))
     assert (new.num_envs, new.n_pi) == (64, 128)  # 256 / 4 envs, 32 * 4 iterations per phase
@@ -157,13 +157,42 @@ def test_apply_batch_divisor_multiplies_n_pi_and_keeps_the_auxiliary_phase():
     assert (new.ewma_com, new.adv_norm_span) == (32.0, 4.0)
     # the phase batch size N_pi x T x N is unchanged: 128 * 256 * 64 = 32 * 256 * 256 = 2,097,152
     assert new.n_pi * new.num_steps * new.num_envs == args.n_pi * args.num_steps * args.num_envs == 2_097_152
-    # the auxiliary phase keeps its absolute settings (a simplification of Appendix B): 512 minibatches of 4096
-    for name in ("aux_minibatch_size", "aux_learning_rate", "aux_epochs", "beta_clone", "num_steps"):
+    for name in ("aux_epochs", "beta_clone", "num_steps"):
         assert getattr(new, name) == getattr(args, name)
     off = apply_batch_divisor(dataclasses.replace(args, batch_divisor=4, adjust_n_pi=False))
     assert off.n_pi == 32 and off.num_envs == 64
     with pytest.raises(SystemExit, match="--batch-divisor"):
         apply_batch_divisor(dataclasses.replace(args, batch_divisor=3))
+
+
+# Appendix B: the first factor a = min(c, 4) of c cut the paper's 4 workers to 1, with the aux minibatch per worker
+# kept, so the total aux minibatch (4096) is divided by a and the aux step size (5e-4) by sqrt(a):
+# c = 1: a = 1, 4096, 5e-4; c = 2: a = 2, 2048, 5e-4 / 1.414214 = 3.535534e-4; c = 4, 16, 64: a = 4, 1024, 2.5e-4
+@pytest.mark.parametrize("c, aux_minibatch_size, aux_learning_rate", [
+    (1, 4096, 5e-4), (2, 2048, 3.535534e-4), (4, 1024, 2.5e-4), (16, 1024, 2.5e-4), (64, 1024, 2.5e-4)])
+def test_the_auxiliary_phase_follows_appendix_b(c, aux_minibatch_size, aux_learning_rate):
+    new = apply_batch_divisor(Args(batch_divisor=c))
+    assert new.aux_minibatch_size == aux_minibatch_size
+    assert new.aux_learning_rate == pytest.approx(aux_learning_rate, rel=1e-6)
+    off = apply_batch_divisor(Args(batch_divisor=c, adjust_aux=False))  # --no-adjust-aux: left as at c = 1
+    assert (off.aux_minibatch_size, off.aux_learning_rate) == (4096, 5e-4)
+    linear = apply_batch_divisor(Args(batch_divisor=c, lr_rule="linear"))  # 5e-4 / a: 5e-4, 2.5e-4, 1.25e-4
+    assert linear.aux_learning_rate == pytest.approx(5e-4 / min(c, 4), rel=1e-6)
+
+
+def test_an_aux_minibatch_that_the_worker_factor_does_not_divide_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"^--aux-minibatch-size 6 must be a multiple of min\(--batch-divisor, 4\) = "
+                                         r"4, which --adjust-aux divides it by \(Appendix B\)\.$"):
+        ppg_ewma.train(Args(env_id="CartPole-v1", num_envs=8, num_steps=32, batch_divisor=8, aux_minibatch_size=6,
+                            cuda=False))
+    assert not os.path.exists("runs")
+
+
+def test_a_checkpoint_from_before_adjust_aux_resumes_with_the_aux_phase_it_trained_with():
+    args = {k: v for k, v in dataclasses.asdict(Args(batch_divisor=4)).items() if k != "adjust_aux"}
+    resumed = apply_batch_divisor(harness.checkpoint_args({"args": args}, ppg_ewma.SCRIPT))
+    assert (resumed.adjust_aux, resumed.aux_minibatch_size, resumed.aux_learning_rate) == (False, 4096, 5e-4)
 
 
 def test_check_args_stops_when_the_auxiliary_buffer_does_not_fit(monkeypatch):
