@@ -8,7 +8,8 @@
 #   aux minibatch 256 (8 trajectories), gamma 0.99, 80k steps: learning is gradual over most of the run.
 # SCALE=paper: Procgen starpilot hard, the paper's 256 envs and 100M steps, c = 1, 4, 16, 64, 256 (GPU).
 # Cost here (2 CPU cores, 2026-11-22, JOBS=2): 84 runs, 18.4 minutes of wall-clock (c = 64 runs are the longest).
-# `bash benchmark/invariance.sh --list` prints the runs, one per line, for a cluster scheduler.
+# `bash benchmark/invariance.sh --list` prints the runs, one per line, for a cluster scheduler;
+# `bash benchmark/invariance.sh 'REGEX'` runs only those whose line matches (the others keep their committed data).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
@@ -43,7 +44,7 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
   mkdir -p "$OUT" && cd "$OUT"
   export OMP_NUM_THREADS=1
-  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA"
 fi
 labels=()  # "c = 4 (16 envs)": the batch divisor and the envs it leaves

@@ -10,7 +10,8 @@
 # compare the final evaluation, which does not lag as episode ends do, and log B_simple (charts/grad_noise_scale)
 # next to the minibatch size (charts/minibatch_size).
 # Cost here (2 CPU cores, JOBS=1 beside the MuJoCo runs on the other core): see docs/benchmarks.md.
-# `bash benchmark/regime.sh --list` prints the runs, one per line.
+# `bash benchmark/regime.sh --list` prints the runs, one per line; `bash benchmark/regime.sh 'REGEX'` runs only those
+# whose line matches (the others keep their committed data).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-1}
@@ -38,7 +39,7 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DATA
   mkdir -p "$OUT" && cd "$OUT"
   export OMP_NUM_THREADS=1
-  runs | xargs -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
+  runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -I{} sh -c '{} > /dev/null 2>&1'
   python "$ROOT/benchmark/plot.py" "$OUT/runs" --export "$DATA" --tags charts/episodic_return charts/SPS \
     eval/mean_return charts/grad_noise_trace charts/grad_sq_norm charts/minibatch_size
 fi
