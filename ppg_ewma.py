@@ -10,7 +10,8 @@ decoupled clipped objective (Sec. 2, Sec. 4), reinitialized at the start of ever
 phase holds the same number of environment steps (Sec. 4).
 
     python ppg_ewma.py                          # PPG-EWMA on Procgen starpilot, hard (aux buffer: 24.1 GiB of RAM)
-    python ppg_ewma.py --batch-divisor 4        # 64 envs, N_pi 128, lr / 2, EWMA age and adv-norm span x4
+    python ppg_ewma.py --batch-divisor 4        # 64 envs, N_pi 128, lr / 2, EWMA age and adv-norm span x4, aux
+                                                # minibatch / 4 and its lr / 2 (Appendix B)
     python ppg_ewma.py --no-ewma                # plain PPG (proximal = behaviour policy)
     python ppg_ewma.py --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 --n-pi 8 \\
         --aux-minibatch-size 64 --total-timesteps 147456   # CPU recipe: 500 (the maximum), 26 s here
@@ -124,10 +125,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     adjust_n_pi: bool = True
     """with --batch-divisor: multiply N_pi by c, so a phase keeps the same number of env steps (Sec. 4)"""
     adjust_aux: bool = True
-    """with --batch-divisor: the auxiliary phase as Appendix B: the paper cut 4 workers to 1 before the envs of each,
-    keeping the aux minibatch per worker, so the first factor a = min(c, 4) divides the total aux minibatch and the
-    aux step size by sqrt(a) (a under --lr-rule linear); beyond c = 4 nothing more. The aux Adam's betas stay
-    unadjusted, also under --adjust-adam-betas. torchrun workers split the total, as W workers learn as one process"""
+    """with --batch-divisor, the auxiliary phase as in Appendix B. The paper shrank its batch of 4 workers x 64 envs
+    by dropping workers first, each keeping its aux minibatch. So the first factor a = min(c, 4) of c divides the aux
+    minibatch (a total over any torchrun workers) and divides the aux step size by sqrt(a) (by a under --lr-rule
+    linear); beyond c = 4 the aux phase stays as at 4. The aux Adam's betas are never adjusted"""
 
     # options beyond the paper, off by default
     exp_name: str = "ppg_ewma"

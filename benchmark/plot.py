@@ -330,10 +330,12 @@ def comparison_pairs(envs, compare, baseline):
     return pairs
 
 
-def comparison_table(finals, pairs, margin=None):
+def comparison_table(finals, pairs, margin=None, ratio=False):
     """Per pair (A, B): mean(A) - mean(B) with its 95% Welch interval, Welch's degrees of freedom and P(A > B); with a
-    margin, A's non-inferiority to B."""
+    margin, A's non-inferiority to B; with ratio, mean(A) / mean(B)."""
     head, rule = "| A - B | difference of means [95% Welch interval] | Welch df | P(A > B) |", "|---|---:|---:|---:|"
+    if ratio:
+        head, rule = head + " mean(A) / mean(B) |", rule + "---:|"
     if margin is not None:
         head += f" difference [90% interval] | margin: -{margin:.0%} of B's mean | A non-inferior to B |"
         rule += "---:|---:|---|"
@@ -342,6 +344,7 @@ def comparison_table(finals, pairs, margin=None):
         difference, low, high, df = welch(finals[a], finals[b])
         line = (f"| {a} - {b} | {with_interval(difference, low, high)} | {df:.1f} | "
                 f"{improvement_probability(finals[a], finals[b]):.2f} |")
+        line += f" {np.mean(finals[a]) / np.mean(finals[b]):.2f} |" if ratio else ""
         if margin is not None:
             low, high, bound, passed = non_inferiority(finals[a], finals[b], margin)
             line += f" {with_interval(difference, low, high)} | {number(bound)} | {'yes' if passed else 'not shown'} |"
@@ -557,6 +560,8 @@ def main(argv=None):
                         "its 95%% Welch interval and P(A > B) (repeatable; A, B: variant names)")
     parser.add_argument("--baseline", metavar="B", help="compare every other variant of B's env against B (B: a "
                         "variant's name, or its name less the ENV__ prefix)")
+    parser.add_argument("--ratio", action="store_true", help="with --compare or --baseline: also print mean(A) / "
+                        "mean(B)")
     parser.add_argument("--margin", type=float, metavar="FRACTION", help="with --compare or --baseline: is A "
                         "non-inferior to B, the lower end of the 90%% interval above -FRACTION x |mean(B)|?")
     parser.add_argument("--normalize", action="append", default=[], metavar="ENV=RANDOM,REFERENCE",
@@ -590,7 +595,7 @@ def main(argv=None):
     tables += [pivot_table(finals, args.pivot)] if args.pivot else []
     tables += [threshold_table(groups, args.tag, args.threshold)] if args.threshold is not None else []
     tables += [invariance_table(finals, args.divisor_regex)] if args.divisor_regex else []
-    tables += [comparison_table(finals, pairs, args.margin)] if pairs else []
+    tables += [comparison_table(finals, pairs, args.margin, args.ratio)] if pairs else []
     tables += [aggregate_table(finals, envs, parse_normalize(args.normalize))] if args.normalize else []
     print("\n\n".join(tables))
     if args.out:

@@ -77,3 +77,14 @@ for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/vmp
     python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(vmpo)__\d+__\d+$" --tag "$tag" | tail -n 1
   done
 done
+for env in Hopper Walker2d; do  # the ablation's table, against the recipe and against PPO, and its figure
+  grep -q "^$env-v5,vmpo-" <(zcat "$DATA" 2> /dev/null) || continue
+  group="^(${env}-v5__(?:vmpo[a-z0-9-]*|ppo))__\d+__\d+$"
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --baseline vmpo --ratio --threshold 1500 \
+    --out "$ROOT/docs/img/vmpo_ablation_$env.png" --title "V-MPO, one change each, $env-v5, 1M steps" \
+    --label '^.*__vmpo$=V-MPO recipe' --label '^.*__ppo$=PPO' --label '^.*__vmpo-(.*)$=\1'
+  python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --baseline ppo --ratio | sed -n '/^| A - B/,$p'
+  for tag in kl/std charts/alpha_std; do  # the std's trust region, over the last 10%
+    python "$ROOT/benchmark/plot.py" "$DATA" --group "^(${env}-v5__vmpo[a-z0-9-]*)__\d+__\d+$" --tag "$tag" | tail -n +3
+  done
+done

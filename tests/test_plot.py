@@ -254,6 +254,11 @@ def test_comparisons_and_the_aggregate_in_the_printed_tables(tmp_path, capsys):
             "not shown |") in printed
     assert "| ewma | Hopper-v5, Walker2d-v5 | 6 | 0.569 [0.437, 0.688] |\n| ppo | Hopper-v5, Walker2d-v5 | 6 | 0.55 [" \
         in printed
+    # --ratio: on Hopper ewma's mean 115 over ppo's 110 = 1.045, printed 1.05; on Walker2d 110 / 110 = 1.00
+    plot.main([str(tmp_path), "--baseline", "ppo", "--ratio"])
+    printed = capsys.readouterr().out
+    assert "| Hopper-v5__ewma - Hopper-v5__ppo | 5.0 [-17.7, 27.7] | 4.0 | 0.67 | 1.05 |" in printed
+    assert "| Walker2d-v5__ewma - Walker2d-v5__ppo | 0.0 [-118.1, 118.1] | 2.2 | 0.50 | 1.00 |" in printed
     with pytest.raises(SystemExit, match="none of"):
         plot.main([str(tmp_path), "--compare", "Hopper-v5__ewma=ppo"])
     with pytest.raises(SystemExit, match="--margin judges comparisons"):
