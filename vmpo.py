@@ -251,8 +251,7 @@ def train(args: Args) -> dict:
         action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     else:
         kl_bounds, alpha_inits = {"policy": args.eps_alpha}, {"policy": args.alpha_init}
-    # the Lagrange multipliers, eta and an alpha per bound: plain parameters of the same Adam, projected after every
-    # step
+    # the Lagrange multipliers, eta and an alpha per bound: plain parameters of the one Adam, projected after a step
     multipliers = nn.ParameterDict({"eta": nn.Parameter(torch.tensor(args.eta_init, device=device)), **{
         f"alpha_{name}": nn.Parameter(torch.tensor(init, device=device)) for name, init in alpha_inits.items()}})
     optimizer = torch.optim.Adam(
