@@ -108,7 +108,7 @@ def train_and_save_networks(rank, name, out_dir):
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
     run_two_workers(train_and_save_networks, name, str(tmp_path))
-    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["weights"].keys() == rank1["weights"].keys()
     assert any(k.startswith("ewma.") for k in rank0["weights"]) == (name != "ppo_staleness")
     for key, value in rank0["weights"].items():  # bit for bit: the averaged gradients are the same on both
