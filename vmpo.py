@@ -310,8 +310,7 @@ def train(args: Args) -> dict:
             next_value = agent.get_value(next_obs)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
-        b_obs = obs.reshape((-1,) + obs_shape)
-        b_actions = actions.reshape((-1,) + action_shape)
+        b_obs, b_actions = obs.reshape((-1,) + obs_shape), actions.reshape((-1,) + action_shape)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
 
         # update: E epochs of M learning steps, each an E-step and an M-step (Sec. 4.2)
