@@ -68,7 +68,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     norm_obs: Annotated[bool, tyro.conf.FlagConversionOff] = True
     """normalize each env's observations by running statistics, then clip them to +-10 (the paper does not say)"""
     norm_reward: bool = True
-    """scale rewards by a running std of the discounted return (common PPO practice; the paper does not say)"""
+    """scale rewards by a running std of the discounted return, then clip them to +-10 (common PPO practice; the
+    paper does not say); --no-norm-reward: the raw rewards"""
     ent_coef: float = 0.0
     """entropy bonus coefficient (not in the paper, which uses none)"""
     max_grad_norm: Optional[float] = None
@@ -327,9 +328,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """Vectorized env with raw-score episode statistics and reward scaling (observations: harness.gymnasium_envs)."""
     envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode, images=False)
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
-    if args.norm_reward:
-        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
+    if args.norm_reward:  # not in the paper: scaled, then clipped to +-10 as a guard (raw rewards stay as they are)
+        envs = gym.wrappers.vector.ClipReward(gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma), -10.0, 10.0)
     return envs
 
 

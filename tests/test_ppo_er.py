@@ -335,8 +335,13 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
 
 
 def test_no_reward_normalization_switch(tmp_path, monkeypatch):
-    envs = make_env(Args(env_id="Pendulum-v1", norm_reward=False))
+    envs = make_env(Args(env_id="Pendulum-v1", norm_reward=False, num_envs=1))
     assert set(harness.env_normalizers(envs)) == {"obs_0"}
+    # --no-norm-reward hands the raw reward on, not clipped to +-10: Pendulum at theta = pi, theta_dot = 8, torque 0
+    # gives -(pi^2 + 0.1 * 8^2 + 0.001 * 0^2) = -(9.8696 + 6.4) = -16.2696
+    envs.reset(seed=0)
+    envs.unwrapped.envs[0].unwrapped.state = np.array([np.pi, 8.0])
+    assert envs.step(np.zeros((1, 1), dtype=np.float32))[1][0] == pytest.approx(-16.2696, abs=1e-4)
     envs.close()
 
 
