@@ -7,7 +7,8 @@
 # SCALE=cpu (default): Acrobot-v1, 64 envs x 32 steps at c = 1 (so c = 64 still has one env), N_pi 4,
 #   aux minibatch 256 (8 trajectories), gamma 0.99, 80k steps: learning is gradual over most of the run.
 # SCALE=paper: Procgen starpilot hard, the paper's 256 envs and 100M steps, c = 1, 4, 16, 64, 256 (GPU).
-# Cost here (2 CPU cores, 2026-11-22, JOBS=2): 84 runs, 18.4 minutes of wall-clock (c = 64 runs are the longest).
+# Cost here (2 CPU cores, 2026-11-22, JOBS=2): 84 runs, 18.4 minutes of wall-clock (c = 64 runs are the longest);
+# since --adjust-aux (4x the auxiliary minibatches from c = 4 on) the 54 PPG runs with c > 1 alone take 24.7 minutes.
 # `bash benchmark/invariance.sh --list` prints the runs, one per line, for a cluster scheduler;
 # `bash benchmark/invariance.sh 'REGEX'` runs only those whose line matches (the others keep their committed data).
 set -euo pipefail
