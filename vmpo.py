@@ -94,7 +94,7 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     here its upper end, since runs of 1M steps are short)"""
     eps_alpha_std: float = 5e-5
     """bound epsilon_alpha_Sigma on the std's KL (the paper's Gym table, Appendix F: log-uniform in [5e-6, 5e-5);
-    here its upper end, since runs of 1M steps are short)"""
+    here its upper end, since runs are short; 10x it ended lower on Walker2d-v5: docs/vmpo.md, the ablation)"""
 
     # options beyond the paper
     exp_name: str = "vmpo"
