@@ -6,7 +6,8 @@
 # Fixed before the runs: the final return is each seed's mean over its last 10% of steps (100k); the thresholds
 # are 1,000 (HalfCheetah), 1,500 (Hopper, Walker2d), as in mujoco_ewma.sh.
 # Then the ablation of docs/vmpo.md, planned before its runs: the recipe with one change each (flags() below, in
-# the plan's order), Hopper-v5 and Walker2d-v5, seeds 1-3, against the recipe's and PPO's runs above.
+# the plan's order), Hopper-v5 and Walker2d-v5, seeds 1-3, against the recipe's and PPO's runs above: 42 runs,
+# 8-14 minutes each two at a time (n39: 22-25), about 4.5 hours here (2026-11-25/26).
 # Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
 # unfinished runs and skips the finished ones (model.pt). `bash benchmark/vmpo_mujoco.sh --list` prints the runs;
 # `bash benchmark/vmpo_mujoco.sh 'REGEX'` runs only those whose line matches, `--plot` none; then the tables and
