@@ -17,17 +17,21 @@ import ctypes
 import dataclasses
 import difflib
 import enum
+import glob
 import importlib.util
 import math
 import os
 import platform
 import random
+import reprlib
 import shlex
 import shutil
 import signal
 import sys
 import threading
 import time
+import typing
+import zipfile
 from collections import deque
 from dataclasses import dataclass
 from functools import partial
@@ -48,7 +52,9 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)",
     "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)",
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
-OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume takes from its own command line
+OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume always takes from its command line
+TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # --resume: from its command line where given there
+EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video", *TRACKING_FLAGS)
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
                     "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
@@ -520,6 +526,10 @@ class Run:
         set_rng_state(rng)
         return returns
 
+    def restored(self, key: str, like):
+        """A script's own value in the checkpoint (e.g. the EWMA's weight), checked against `like` by restored()."""
+        return checked(self.checkpoint.get(key), like, key)
+
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
         save_checkpoint(os.path.join(self.run_dir, file_name), make_checkpoint(
@@ -598,6 +608,9 @@ def resume_command(script: Script, args, path: str) -> str:
 def check_args(args, script: Script) -> None:
     """Stop with one sentence naming the flag before any work is done and before a run directory exists."""
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
+    name = args.exp_name
+    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", ".."):
+        raise SystemExit(f"--exp-name {name!r} must be a plain name (no '/'): it names the run's directory in runs/.")
     script.check_args(args, *check_spaces(args.env_id, script))
     run_args = script.run_args(args)
     iteration = run_args.num_envs * run_args.num_steps
@@ -605,6 +618,10 @@ def check_args(args, script: Script) -> None:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
                          f"steps (--num-envs {run_args.num_envs} x --num-steps {run_args.num_steps}).")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
+    check_tracking(args)
+
+
+def check_tracking(args) -> None:
     if args.track and importlib.util.find_spec("wandb") is None:
         raise SystemExit("--track needs the wandb package, which is not installed: pip install wandb==0.31.0.")
 
@@ -640,19 +657,39 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
         if importlib.util.find_spec("procgen") is None:
             raise SystemExit(f"--env-id {env_id} needs the procgen package: pip install -r requirements.txt.")
         return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
+    import_env_module(env_id)
     try:
-        env = gym.make(env_id)  # a `module:EnvId` id imports the module first, which registers EnvId
+        env = gym.make(env_id)
     except gym.error.UnregisteredEnv:
         close = difflib.get_close_matches(env_id, [*procgen_games, *gym.registry], n=1)
         raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env"
                          + (f"; did you mean {close[0]}?" if close else ".")) from None
-    except ModuleNotFoundError as error:
-        module = env_id.split(":")[0] if ":" in env_id else error.name
-        raise SystemExit(f"--env-id {env_id}: its module {module} cannot be imported.") from None
     except gym.error.Error as error:
         raise SystemExit(f"--env-id {env_id} cannot be made: {error}") from None
     env.close()
     return env.observation_space, env.action_space
+
+
+def import_env_module(env_id: str) -> None:
+    """A `module:EnvId` id: import the module, which registers EnvId (gym.make would import it too), each way it can
+    fail said in one sentence. The module is found as any import is: in the scripts' folder or on PYTHONPATH."""
+    if ":" not in env_id:
+        return
+    module = env_id.split(":")[0]
+    if env_id.count(":") > 1 or not all(part.isidentifier() for part in module.split(".")):
+        raise SystemExit(f"--env-id {env_id!r} is not `module:EnvId` with one module path of dotted names "
+                         f"(e.g. my_package.envs:MyEnv-v0).")
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name is None or not (module + ".").startswith(error.name + "."):
+            raise SystemExit(f"--env-id {env_id}: its module {module} imports {error.name}, which is not "
+                             f"installed.") from None
+        raise SystemExit(f"--env-id {env_id}: its module {module} cannot be found; it must be in the scripts' "
+                         f"folder or on PYTHONPATH.") from None
+    except Exception as error:  # the user's own module failed as it ran: its own error, in its own words
+        raise SystemExit(f"--env-id {env_id}: importing its module {module} raised {type(error).__name__}: "
+                         f"{error}") from None
 
 
 def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples) -> None:
@@ -757,12 +794,19 @@ def tune_cpu(device, torch_threads: int, obs_shape) -> None:
 
 
 def make_run_dir(args, name: str) -> str:
-    """runs/{name}__{time}, made only now that every check passed; a resumed run keeps its own directory."""
+    """runs/{name}__{time}, made only now that every check passed, and never one that exists: two runs started in
+    the same second get __{time} and __{time}_1. A resumed run keeps its own directory."""
     if args.resume is not None:
         return os.path.dirname(args.resume) or "."
-    run_dir = os.path.join("runs", f"{name}__{int(time.time())}")
-    os.makedirs(run_dir, exist_ok=True)
-    return run_dir
+    os.makedirs("runs", exist_ok=True)
+    base, suffix = os.path.join("runs", f"{name}__{int(time.time())}"), 0
+    while True:
+        run_dir = base + (f"_{suffix}" if suffix else "")
+        try:
+            os.mkdir(run_dir)  # atomic: it fails where another run made this directory first
+            return run_dir
+        except FileExistsError:
+            suffix += 1
 
 
 def print_startup(script: Script, env_id: str, device_note: str, run_dir: str, lines: dict) -> None:
@@ -867,92 +911,281 @@ def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> di
 
 
 def save_checkpoint(path: str, checkpoint: dict) -> None:
-    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint."""
+    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint. A run
+    directory has one writer, so the temporary files of a writer that was killed mid-write are removed."""
     tmp_path = f"{path}.tmp{os.getpid()}"
     with open(tmp_path, "wb") as file:
         torch.save(checkpoint, file)
         file.flush()
         os.fsync(file.fileno())
     os.replace(tmp_path, path)
+    for stale in glob.glob(glob.escape(path) + ".tmp*"):
+        os.remove(stale)
+
+
+# The keys of every checkpoint (older ones lack "script") and the type of each
+CHECKPOINT_KEYS = {"args": dict, "models": dict, "optimizers": dict, "normalizers": dict, "rng": dict, "env": dict,
+                   "global_step": int, "iteration": int, "num_iterations": int, "episode_returns": list}
 
 
 def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
-    """torch.load with weights_only=True; one sentence naming `flag` if it is not a checkpoint of this script."""
+    """torch.load with weights_only=True, which builds tensors and plain data and runs no code; before it, compressed
+    entries are refused (torch.save writes none, and a few KB of them can inflate to GBs). One sentence naming `flag`
+    if it is not a checkpoint of this script."""
     if not os.path.isfile(path):
         raise SystemExit(f"{flag} {path}: no such file.")
+    if zipfile.is_zipfile(path):
+        with zipfile.ZipFile(path) as archive:
+            if any(entry.compress_type != zipfile.ZIP_STORED for entry in archive.infolist()):
+                raise SystemExit(f"{flag} {path} holds compressed data, which torch.save never writes: it is not a "
+                                 f"checkpoint.")
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except Exception as error:
         raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
-    # a checkpoint of an older version of the script lacks the flags added since: they take their defaults
-    field_names = {field.name for field in dataclasses.fields(script.args_type)}
     written_by = checkpoint.get("script", script.name) if isinstance(checkpoint, dict) else script.name
-    if written_by != script.name:  # older checkpoints do not name their script
+    if written_by != script.name:  # older checkpoints do not name their script; other text than a name is quoted
+        named = isinstance(written_by, str) and written_by.endswith(".py") and written_by[:-3].isidentifier()
+        written_by = written_by if named else reprlib.repr(written_by)
         raise SystemExit(f"{flag} {path} is a {written_by} checkpoint, not a {script.name} one: run {written_by}.")
-    if not (isinstance(checkpoint, dict) and set(checkpoint.get("args", ())) <= field_names and "models" in checkpoint):
+    field_names = {field.name for field in dataclasses.fields(script.args_type)}
+    if not (isinstance(checkpoint, dict) and all(isinstance(checkpoint.get(key), kind)
+                                                 for key, kind in CHECKPOINT_KEYS.items())
+            and set(checkpoint["args"]) <= field_names and 0 <= checkpoint["iteration"]
+            and 0 <= checkpoint["global_step"]):
         raise SystemExit(f"{flag} {path} is not a {script.name} checkpoint.")
     return checkpoint
 
 
+def fits(value, annotation) -> bool:
+    """Whether `value` has a type that a flag annotated `annotation` takes from a command line (no control
+    characters in a string, no bool for an int)."""
+    if typing.get_origin(annotation) is typing.Union:
+        return any(fits(value, option) for option in typing.get_args(annotation))
+    if typing.get_origin(annotation) is typing.Literal:
+        return any(type(value) is type(option) and value == option for option in typing.get_args(annotation))
+    if annotation is float:
+        return type(value) in (int, float)
+    return type(value) is annotation and (not isinstance(value, str) or value.isprintable())
+
+
 def checkpoint_args(checkpoint, script: Script):
-    """The Args a checkpoint's run trained with: a flag added since it was written takes the value of
-    script.missing_flags (what the run did before the flag existed), else its default."""
-    return script.args_type(**{**script.missing_flags, **checkpoint["args"]})
+    """The Args a checkpoint's run trained with, each checked as a command line's flag is (its type and range): a
+    flag added since it was written takes the value of script.missing_flags (what the run did before the flag
+    existed), else its default."""
+    values, hints = {**script.missing_flags, **checkpoint["args"]}, typing.get_type_hints(script.args_type)
+    for name, value in values.items():
+        if not fits(value, hints[name]):
+            raise SystemExit(f"The checkpoint's flag {name} is {reprlib.repr(value)}, which --{name.replace('_', '-')} cannot "
+                             f"be ({hints[name]}).")
+    args = script.args_type(**values)
+    try:
+        check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
+    except SystemExit as error:
+        raise SystemExit(f"The checkpoint holds a flag that no command line could give: {error}") from None
+    return args
+
+
+def given_flags(args, script: Script) -> set:
+    """The flags this command line gives: the ones on sys.argv where this process runs the script itself (python
+    ppo_ewma.py ..., torchrun), else (train(Args(...)) called from Python) the ones that differ from their
+    defaults. A flag given at its default value is given."""
+    names = {field.name for field in dataclasses.fields(args)}
+    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
+        defaults = script.args_type()
+        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
+    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
+    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
+
+
+def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
+    """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
+    would import (run) that module, so it is used only where this command line names the same id."""
+    if "env_id" in given and args.env_id != env_id:
+        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {env_id!r}: {flag} runs on the "
+                         f"checkpoint's own env (drop --env-id).")
+    if ":" in env_id and "env_id" not in given:
+        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its env id {env_id!r} imports a module "
+                         f"of its own, which runs its code; pass --env-id {shlex.quote(env_id)} as well if you trust "
+                         f"that module.")
 
 
 def resume_from(args, script: Script) -> tuple:
     """--resume PATH: (the checkpoint's Args with this command line's output flags, the checkpoint); without it
-    (args, None). A finished run's checkpoint gives its model.pt and nothing else."""
+    (args, None). A finished run's checkpoint gives its model.pt and nothing else. The run writes into the
+    checkpoint's directory, so a directory that holds a newer checkpoint.pt or a finished run's model.pt is refused."""
     if args.resume is None:
         return args, None
-    defaults = script.args_type()
-    given = [f"--{field.name.replace('_', '-')}" for field in dataclasses.fields(args) if field.name != "resume"
-             and field.name not in OUTPUT_FLAGS and getattr(args, field.name) != getattr(defaults, field.name)]
-    if given:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {', '.join(given)} "
-                         f"(only --cuda, --save-model and --checkpoint-every may be given with --resume).")
+    given = given_flags(args, script)
+    refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
+    if refused:
+        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop "
+                         f"{', '.join('--' + name.replace('_', '-') for name in refused)} (only --cuda, "
+                         f"--save-model, --checkpoint-every, --track and the W&B names may be given with --resume, "
+                         f"and --env-id as the checkpoint's own).")
     checkpoint = load_checkpoint(args.resume, "--resume", script)
-    output_flags = {name: getattr(args, name) for name in OUTPUT_FLAGS}
-    resumed = dataclasses.replace(checkpoint_args(checkpoint, script), resume=args.resume, **output_flags)
+    resumed = checkpoint_args(checkpoint, script)
+    confirm_env_id(resumed.env_id, given, args, "--resume")
+    taken = [*OUTPUT_FLAGS, *(name for name in TRACKING_FLAGS if name in given)]
+    resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name) for name in taken})
+    run_dir = os.path.dirname(args.resume) or "."
     if checkpoint["iteration"] >= checkpoint["num_iterations"]:
         done = f"--resume {args.resume}: that run already finished all {checkpoint['iteration']:,} iterations"
         if not args.save_model:
             raise SystemExit(f"{done}; there is nothing to continue.")
-        model_path = os.path.join(os.path.dirname(args.resume), "model.pt")
+        model_path = os.path.join(run_dir, "model.pt")
         if not os.path.exists(model_path):
             shutil.copyfile(args.resume, model_path + ".tmp")  # the last checkpoint is the final model
             os.replace(model_path + ".tmp", model_path)
         print(f"{done}; its final model is {model_path}.")
         raise SystemExit(0)
+    newest, model = os.path.join(run_dir, "checkpoint.pt"), os.path.join(run_dir, "model.pt")
+    kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
+        newest, args.resume) else None
+    if kept:
+        raise SystemExit(f"--resume {args.resume}: its directory holds {kept}, which the resumed run would overwrite; "
+                         f"to branch from this checkpoint, copy it into a directory of its own and resume the copy.")
     return resumed, checkpoint
 
 
 def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done) -> tuple:
-    """Load a checkpoint into `saved` and the envs: (global_step, first iteration, next_obs, next_done). Gymnasium
-    envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their normalizers' statistics."""
-    missing = [name for name in saved.models if name not in checkpoint["models"]]
-    if missing:
-        raise SystemExit(f"--resume: the checkpoint holds no {', '.join(missing)}; it is not this script's.")
+    """Load a checkpoint into `saved` and the envs: (global_step, first iteration, next_obs, next_done). Every value
+    is checked against the rebuilt run's before it is used (restored()); one sentence where one does not fit.
+    Gymnasium envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their statistics."""
     for name, model in saved.models.items():
-        model.load_state_dict(checkpoint["models"][name])
+        load_weights(model, checkpoint["models"], name)
     for name, optimizer in saved.optimizers.items():
-        optimizer.load_state_dict(checkpoint["optimizers"][name])
+        load_optimizer(optimizer, checkpoint["optimizers"].get(name), name)
     for name, normalizer in saved.normalizers.items():
         if name in checkpoint["normalizers"]:  # a checkpoint's older scripts may lack one
-            vars(normalizer).update(checkpoint["normalizers"][name])
+            vars(normalizer).update(checked(checkpoint["normalizers"][name], dict(vars(normalizer)),
+                                            f"{name} statistics"))
     saved_env = checkpoint["env"]
-    if isinstance(saved_env["state"], bytes):  # written before checkpoints held only data
+    if isinstance(saved_env.get("state"), bytes):  # written before checkpoints held only data
         restarts = "its env state is a pickle, which is not loaded: unpickling can run code"
     else:
-        restarts = restore_env_state(envs, saved_env["state"] or {"restarts": "Procgen's envs"})
+        restarts = restore_env_state(envs, saved_env.get("state"))
     if restarts is None:
-        next_obs, next_done = saved_env["next_obs"].to(next_obs.device), saved_env["next_done"].to(next_done.device)
+        next_obs = checked(saved_env.get("next_obs"), next_obs, "next_obs")
+        next_done = checked(saved_env.get("next_done"), next_done, "next_done")
     else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
         print(f"note: --resume: the envs restart with new episodes ({restarts}).")
         next_done = torch.ones_like(next_done)
     load_normalizers(envs, checkpoint["normalizers"])
     set_rng_state(checkpoint["rng"])
+    returns = checkpoint["episode_returns"]
+    if len(returns) > 100 or not all(type(value) in (int, float) for value in returns):
+        raise SystemExit("--resume: the checkpoint's episode_returns are not the last 100 episodes' returns.")
     return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
+
+
+def restored(data, like):
+    """`data` read from a checkpoint as the value that the rebuilt run holds in its place, `like`, holds it: arrays
+    and tensors of like's dtype and shape (a copy); a number where like is one, a number or None where like is None;
+    a str equal to like's; a list or tuple of like's length and a dict of like's keys, item by item; a deque as a
+    list of at most its maxlen items, each like its first. So nothing read allocates more than the rebuilt run holds,
+    nor walks deeper than like. ValueError says what does not fit."""
+    if isinstance(like, np.random.Generator):  # its bit generator's state dict; NumPy checks the values
+        generator = np.random.Generator(type(like.bit_generator)())
+        try:
+            generator.bit_generator.state = restored(data, like.bit_generator.state)
+        except (TypeError, OverflowError) as error:
+            raise ValueError(f"is not a {type(like.bit_generator).__name__} state ({type(error).__name__})") from None
+        return generator
+    if type(like).__name__ == "MjData":  # mj_getState's integration state, put back by restore_env_state
+        size = sys.modules["mujoco"].mj_stateSize(like.model, sys.modules["mujoco"].mjtState.mjSTATE_INTEGRATION)
+        return restored(data, torch.zeros(size, dtype=torch.float64))
+    if isinstance(like, np.ndarray) and like.dtype.kind in "biuf":
+        return restored(data, torch.from_numpy(like)).numpy()
+    if isinstance(like, torch.Tensor):
+        if not (isinstance(data, torch.Tensor) and data.dtype == like.dtype and data.shape == like.shape):
+            described = f"a {data.dtype} tensor of shape {list(data.shape)}" if isinstance(data, torch.Tensor) \
+                else f"a {type(data).__name__}"
+            raise ValueError(f"is {described}, not a {like.dtype} tensor of shape {list(like.shape)}")
+        return data.to(like.device, copy=True)
+    if like is None or type(like) in (bool, int, float) or isinstance(like, np.generic) and like.dtype.kind in "biuf":
+        if data is None and like is None or type(data) in (bool, int, float):
+            return data
+        if isinstance(data, torch.Tensor) and data.dim() == 0 and not data.is_complex():
+            return data.numpy()[()]  # a NumPy scalar, as to_data found it
+        raise ValueError(f"is a {type(data).__name__}, not a number")
+    if isinstance(like, str):
+        if data != like:
+            raise ValueError(f"is {reprlib.repr(data)}, not {like!r}")
+        return data
+    if isinstance(like, deque):  # its items as its first (numbers where it is empty): a deque's length varies
+        limit = len(like) if like.maxlen is None else like.maxlen
+        if not (isinstance(data, (list, tuple)) and len(data) <= limit):
+            raise ValueError(f"is not a list of at most {limit} items")
+        return deque((restored(item, like[0] if like else None) for item in data), like.maxlen)
+    if isinstance(like, (list, tuple)):
+        if not (isinstance(data, (list, tuple)) and len(data) == len(like)):
+            raise ValueError(f"is not a list of {len(like)} items")
+        return type(like)(restored_item(data, like, index) for index in range(len(like)))
+    if isinstance(like, dict):
+        if not (isinstance(data, dict) and sorted(data, key=repr) == sorted(like, key=repr)):
+            raise ValueError(f"does not hold the keys {reprlib.repr(sorted(like, key=repr))}")
+        return {key: restored_item(data, like, key) for key in like}
+    raise ValueError(f"holds a {type(like).__name__}, which a checkpoint does not set")
+
+
+def restored_item(data, like, key):
+    """restored(data[key], like[key]), its ValueError naming the key: "['returns'] is a ..."."""
+    try:
+        return restored(data[key], like[key])
+    except ValueError as error:
+        raise ValueError(f"[{key!r}]{said('', error)}") from None
+
+
+def said(what: str, error: ValueError) -> str:
+    """What does not fit and why: "reward['returns'] is a ...", "next_obs is a ..."."""
+    return f"{what}{'' if str(error).startswith('[') else ' '}{error}"
+
+
+def checked(data, like, what: str):
+    """restored(data, like), or one sentence naming `what` (e.g. "reward statistics") where it does not fit."""
+    try:
+        return restored(data, like)
+    except ValueError as error:
+        raise SystemExit(f"The checkpoint's {said(what, error)}: it is not this run's.") from None
+
+
+def load_weights(module, models: dict, name: str) -> None:
+    """Load the state dict `name` of a checkpoint's models into `module`, once each of its tensors has the name,
+    shape and dtype of the module's own; one sentence otherwise, before anything is copied."""
+    if name not in models:
+        raise SystemExit(f"The checkpoint holds no {name}: it is not one of this script's checkpoints.")
+    state, own = models[name], {key: tensor.detach() for key, tensor in module.state_dict().items()}
+    if not (isinstance(state, dict) and sorted(state, key=repr) == sorted(own, key=repr)):
+        raise SystemExit(f"The checkpoint's {name} holds other parameters than the network these flags build.")
+    try:
+        module.load_state_dict(restored(state, own))
+    except ValueError as error:
+        raise SystemExit(f"The checkpoint's {said(name, error)}: it is not the network these flags build.") from None
+
+
+def load_optimizer(optimizer, state, name: str) -> None:
+    """optimizer.load_state_dict once the saved state fits: the same groups of the same parameters with their
+    settings, and for each parameter only scalars and tensors of its own shape; one sentence otherwise."""
+    own = optimizer.state_dict()
+    try:
+        if not (isinstance(state, dict) and sorted(state, key=repr) == ["param_groups", "state"]):
+            raise ValueError("is not an optimizer's state")
+        groups = restored(state["param_groups"], own["param_groups"])
+        if [group["params"] for group in groups] != [group["params"] for group in own["param_groups"]]:
+            raise ValueError("holds other parameters")
+        shapes = {index: param.shape for index, param in
+                  enumerate(param for group in optimizer.param_groups for param in group["params"])}
+        if not (isinstance(state["state"], dict) and set(state["state"]) <= set(shapes)):
+            raise ValueError("holds the state of parameters it does not have")
+        for index, param_state in state["state"].items():
+            if not (isinstance(param_state, dict) and all(
+                    isinstance(key, str) and isinstance(value, torch.Tensor) and value.is_floating_point()
+                    and value.shape in ((), shapes[index]) for key, value in param_state.items())):
+                raise ValueError(f"holds values of parameter {index} that are not its own shape's")
+    except ValueError as error:
+        raise SystemExit(f"--resume: the checkpoint's {name} does not fit this run's: {error}.") from None
+    optimizer.load_state_dict({"state": state["state"], "param_groups": groups})
 
 
 def rng_state() -> dict:
@@ -963,11 +1196,18 @@ def rng_state() -> dict:
 
 
 def set_rng_state(rng: dict) -> None:
-    random.setstate(rng["python"])
-    np.random.set_state((rng["numpy"][0], np.array(rng["numpy"][1], dtype=np.uint32), *rng["numpy"][2:]))
-    torch.set_rng_state(rng["torch"])
+    """Put back rng_state()'s random state, each part checked against this process's own first."""
+    try:
+        python, numpy_state = restored(rng.get("python"), random.getstate()), rng.get("numpy")
+        keys = restored(numpy_state[1] if isinstance(numpy_state, (list, tuple)) and len(numpy_state) == 5 else None,
+                        np.random.get_state()[1].tolist())
+        random.setstate(python)
+        np.random.set_state((numpy_state[0], np.array(keys, dtype=np.uint32), *numpy_state[2:]))
+        torch.set_rng_state(restored(rng.get("torch"), torch.get_rng_state()))
+    except (ValueError, TypeError, OverflowError) as error:
+        raise SystemExit(f"--resume: the checkpoint's random state is not one this run can take ({error}).") from None
     if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(rng["cuda"])
+        torch.cuda.set_rng_state_all(restored(rng["cuda"], torch.cuda.get_rng_state_all()))
 
 
 def env_normalizers(envs) -> dict:
@@ -996,8 +1236,9 @@ def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
     """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
     for name, (wrapper, rms) in env_normalizers(envs).items():
         if name in states:
-            rms.mean, rms.var = states[name]["mean"].numpy().copy(), states[name]["var"].numpy().copy()
-            rms.count = states[name]["count"]
+            own = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+            state = checked(states[name], own, f"{name} statistics")
+            rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
         wrapper.update_running_mean = not freeze
 
 
@@ -1005,7 +1246,11 @@ def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
 # wrappers and env. An attribute named here, or holding a space, an enum, a function, running statistics (the
 # checkpoint's normalizers) or MuJoCo's model or renderer, is the same in a rebuilt stack and is left out.
 NOT_ENV_STATE = {"env", "envs", "env_fns", "spec", "metadata", "_metadata", "_cached_spec", "_saved_kwargs",
-                 "_ezpickle_args", "_ezpickle_kwargs", "wrapper"}  # walked, or constant (wrapper: a reward transform)
+                 "_ezpickle_args", "_ezpickle_kwargs", "wrapper",  # walked, or constant (wrapper: a reward transform)
+                 "_previous_data"}  # the env checker's last (obs, info), for a warning after the first two steps only
+# Attributes that the flags set (a time limit, a discount, the number of envs, ...): restored only where equal
+ENV_SETTINGS = {"_max_episode_steps", "num_envs", "copy", "observation_mode", "render_mode", "gamma", "epsilon",
+                "frame_skip", "buffer_length", "_stats_key", "_disable_render_order_enforcing", "_update_running_mean"}
 
 
 def to_data(value):
@@ -1029,28 +1274,6 @@ def to_data(value):
         mujoco.mj_getState(value.model, value, state, mujoco.mjtState.mjSTATE_INTEGRATION)
         return torch.from_numpy(state)
     raise TypeError(f"a {type(value).__name__}")
-
-
-def from_data(data, like):
-    """to_data's inverse; `like`, the attribute's value in the rebuilt stack, gives back the types data lost."""
-    if isinstance(like, np.random.Generator):
-        like.bit_generator.state = data
-    elif type(like).__name__ == "MjData":
-        mujoco = sys.modules["mujoco"]
-        mujoco.mj_setState(like.model, like, data.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-    elif isinstance(data, torch.Tensor):
-        array = data.numpy().copy()
-        return array if array.ndim or isinstance(like, np.ndarray) else array[()]  # a NumPy scalar
-    elif isinstance(data, list):
-        likes = list(like) if isinstance(like, (list, tuple, deque)) and len(like) == len(data) else [None] * len(data)
-        items = [from_data(item, item_like) for item, item_like in zip(data, likes)]
-        return deque(items, like.maxlen) if isinstance(like, deque) else tuple(items) if isinstance(like, tuple) \
-            else items
-    elif isinstance(data, dict):
-        return {key: from_data(item, like.get(key) if isinstance(like, dict) else None) for key, item in data.items()}
-    else:
-        return data
-    return like
 
 
 def env_layers(envs) -> list:
@@ -1085,16 +1308,38 @@ def env_state(envs) -> dict:
         return {"restarts": f"an env layer holds {error}, which cannot be saved as data"}
 
 
-def restore_env_state(envs, saved: dict) -> Optional[str]:
-    """Put env_state's data back into a rebuilt stack; None, or why the envs restart instead. Reads data only."""
-    if "layers" not in saved:
-        return saved.get("restarts", "the checkpoint holds no env state")
+def restore_env_state(envs, saved) -> Optional[str]:
+    """Put env_state's data back into a rebuilt stack, each listed attribute as restored() checks it against the
+    rebuilt one's, and only once all of them fit; None, or why the envs restart instead (in this module's words:
+    no text of the checkpoint's is printed)."""
+    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
+        return f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"
+    if not (isinstance(saved, dict) and isinstance(saved.get("layers"), list)):
+        return "the checkpoint holds no state of these envs"
     layers = env_layers(envs)
-    if [type(layer).__name__ for layer, _ in layers] != [layer["class"] for layer in saved["layers"]]:
+    if [type(layer).__name__ for layer, _ in layers] != [
+            saved_layer.get("class") if isinstance(saved_layer, dict) else None for saved_layer in saved["layers"]]:
         return "the checkpoint's env stack is not the one these flags build"
-    for (layer, _), saved_layer in zip(layers, saved["layers"]):
-        for key, data in saved_layer["state"].items():
-            setattr(layer, key, from_data(data, getattr(layer, key, None)))
+    updates = []
+    for (layer, keys), saved_layer in zip(layers, saved["layers"]):
+        state, name = saved_layer.get("state"), type(layer).__name__
+        if not (isinstance(state, dict) and set(keys) <= set(state) <= set(keys) | NOT_ENV_STATE):
+            return f"the checkpoint's {name} has other attributes than the rebuilt one"
+        for key in keys:
+            value = getattr(layer, key)
+            try:
+                if key in ENV_SETTINGS and not (type(state[key]) is type(value) and state[key] == value):
+                    raise ValueError(f"is {reprlib.repr(state[key])}, where these flags set {value!r}")
+                updates.append((layer, key, restored(state[key], value)))
+            except ValueError as error:
+                return f"the checkpoint's {said(f'{name}.{key}', error)}"
+    for layer, key, value in updates:
+        current = getattr(layer, key)
+        if type(current).__name__ == "MjData":  # the integration state, into the rebuilt simulator
+            mujoco = sys.modules["mujoco"]
+            mujoco.mj_setState(current.model, current, value.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
+        else:
+            setattr(layer, key, value)
     return None
 
 
@@ -1139,14 +1384,26 @@ def acting(args) -> str:
 
 def evaluate(args, script: Script) -> dict:
     """--eval-checkpoint: play the saved policy (sampled as in training, or its mode with --eval-deterministic) on one
-    env with the saved normalization frozen; print and log (eval/mean_return, eval/std_return) the raw return."""
+    env with the saved normalization frozen; print and log (eval/mean_return, eval/std_return) the raw return, to
+    TensorBoard and, with --track, to W&B."""
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
     if args.resume is not None:
         raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
+    given = given_flags(args, script)
+    refused = sorted(given - {"env_id", *EVAL_FLAGS})
+    if refused:
+        raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
+                         f"{', '.join('--' + name.replace('_', '-') for name in refused)} (it takes --seed, "
+                         f"--eval-episodes, --eval-deterministic, --capture-video, --cuda, --track and the W&B names, "
+                         f"and --env-id as the checkpoint's own).")
+    check_tracking(args)
     if args.capture_video:
         check_video_dependency()
     checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = script.run_args(checkpoint_args(checkpoint, script))  # as the run trained, acting as told here
+    run_args = checkpoint_args(checkpoint, script)
+    confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
+    check_spaces(run_args.env_id, script)
+    run_args = script.run_args(run_args)  # as the run trained, acting as told here
     run_args = dataclasses.replace(run_args, eval_deterministic=args.eval_deterministic)
     if args.capture_video:
         check_rendering(run_args.env_id, script.procgen_games)
@@ -1163,21 +1420,21 @@ def evaluate(args, script: Script) -> dict:
     if args.capture_video:
         envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
                                                episode_trigger=lambda episode: episode < args.eval_episodes)
-    try:
-        act = script.acting_policy(run_args, envs, checkpoint["models"], device)
-    except KeyError as missing:
-        raise SystemExit(f"--eval-checkpoint {args.eval_checkpoint} holds no {missing}; it is not a {script.name} "
-                         f"checkpoint.") from None
+    act = script.acting_policy(run_args, envs, checkpoint["models"], device)
     seed_everything(args.seed)
     returns = play(envs, act, args.eval_episodes, args.seed)
     envs.close()
     mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
+    if args.track:  # before the writer, whose scalars it syncs
+        start_tracking(dataclasses.replace(args, env_id=run_args.env_id), run_dir, None)
     writer = SummaryWriter(run_dir)
     writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, {acting(args)}, returns "
                             f"{returns}")
     writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
     writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
     writer.close()
+    if args.track:
+        sys.modules["wandb"].finish()
     print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes ({acting(args)})")
     return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
             "global_step": checkpoint["global_step"]}

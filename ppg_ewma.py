@@ -423,7 +423,7 @@ def train(args: Args) -> dict:
                                        "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     if run.checkpoint:  # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
-        ewma_weight = run.checkpoint["ewma_weight"]
+        ewma_weight = run.restored("ewma_weight", ewma_weight)
 
     for iteration in range(first_iteration, num_iterations + 1):
         phase_iteration = (iteration - 1) % args.n_pi
@@ -735,7 +735,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy network (not the EWMA) as obs -> env actions, sampled or (--eval-deterministic) the
     most likely."""
     policy = PolicyNetwork(envs).to(device)
-    policy.load_state_dict(models["policy"])
+    harness.load_weights(policy, models, "policy")
 
     def act(obs):
         logits = policy.get_pi(obs)

@@ -183,8 +183,10 @@ def train(args: Args) -> dict:
     next_done = torch.zeros(args.num_envs, device=device)
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    if run.checkpoint is not None:
-        replay.batches.extend(run.checkpoint["replay"])
+    if run.checkpoint is not None:  # the stored batches, each checked against this run's rollout buffers
+        batch = {"obs": obs, "actions": actions, "advantages": rewards, "returns": rewards, "behav_mean": behav_means,
+                 "behav_log_std": behav_log_stds}
+        replay.batches.extend(run.restored("replay", deque([batch], maxlen=args.replay_batches)))
 
     for iteration in range(first_iteration, num_iterations + 1):
         # step size beta = 3e-4 alpha and clip factor epsilon = 0.2 alpha (Table II)
@@ -376,7 +378,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy network as obs -> env actions, sampled or (--eval-deterministic) the mean, clipped to
     the bounds as in training."""
     agent = Agent(envs).to(device)
-    agent.load_state_dict(models["agent"])
+    harness.load_weights(agent, models, "agent")
 
     def act(obs):
         mean, log_std = agent.get_pi(obs).chunk(2, dim=-1)

@@ -372,7 +372,7 @@ def train(args: Args) -> dict:
                                        "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     if run.checkpoint:  # theta_prox is never reset, so it spans iterations: its w comes back with it
-        ewma_weight = run.checkpoint["ewma_weight"]
+        ewma_weight = run.restored("ewma_weight", ewma_weight)
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":
@@ -761,7 +761,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> env actions, sampled or
     (--eval-deterministic) the mode; clipped to the bounds for continuous actions, as in training."""
     agent = Agent(envs).to(device)
-    agent.load_state_dict(models["agent"])
+    harness.load_weights(agent, models, "agent")
     return harness.actor(lambda obs: sample_actions(agent.get_pi(obs), agent.continuous, agent.nvec,
                                                     mode=args.eval_deterministic), envs, device)
 

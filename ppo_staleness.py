@@ -254,7 +254,7 @@ def train(args: Args) -> dict:
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done, last_iteration)
-    trained_steps = run.checkpoint["trained_steps"] if run.checkpoint else 0
+    trained_steps = run.restored("trained_steps", 0) if run.checkpoint else 0
 
     for iteration in range(first_iteration, last_iteration + 1):
         # fresh storage every iteration: the queue keeps each rollout until it is trained on
@@ -516,7 +516,7 @@ def count_iterations(args: Args, world_size: int, checkpoint) -> int:
     """Iterations of the run: k warm-up rollouts, then num_iterations trained ones. The queue is not saved (k rollouts
     of 0.8 GB at the paper's scale), so a resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
-        return checkpoint["num_iterations"] + checkpoint["queued"]
+        return checkpoint["num_iterations"] + harness.checked(checkpoint.get("queued"), args.staleness, "queued")
     return harness.batch_sizes(args, world_size)[2] + args.staleness
 
 
@@ -530,14 +530,14 @@ def describe(args: Args, world_size: int, checkpoint) -> str:
 
 
 def run_name(args: Args) -> str:
-    return f"{args.env_id}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}"
+    return f"{harness.portable(args.env_id)}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}"
 
 
 def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's policy, the latest weights, as obs -> env actions, sampled or (--eval-deterministic) the most
     likely."""
     agent = Agent(envs).to(device)
-    agent.load_state_dict(models["agent"])
+    harness.load_weights(agent, models, "agent")
 
     def act(obs):
         logits = agent.get_pi(obs)

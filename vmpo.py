@@ -581,7 +581,7 @@ def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's acting network (V-MPO: the target network) as obs -> env actions, sampled or
     (--eval-deterministic) the mode: the most likely action, the Gaussian's mean."""
     agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
-    agent.load_state_dict(models["target_agent"])
+    harness.load_weights(agent, models, "target_agent")
 
     def act(obs):
         pi = agent.get_pi(obs)

@@ -364,9 +364,11 @@ def test_resuming_a_crafted_checkpoint_runs_none_of_its_code(tmp_path, monkeypat
     crafted = pickle.dumps(WritesAFile(str(tmp_path / "marker")))
     checkpoint["env"]["state"]["layers"][0]["state"]["crafted"] = crafted  # bytes inside the data: kept as bytes
     torch.save(checkpoint, path)
+    os.remove(os.path.join(result["run_dir"], "model.pt"))  # as if the run had stopped after iteration 1
     ppo_ewma.train(ppo_ewma.Args(resume=path))
     checkpoint["env"]["state"] = crafted  # the whole env state a pickle, as checkpoints before held it
     torch.save(checkpoint, path)
+    os.remove(os.path.join(result["run_dir"], "model.pt"))
     capsys.readouterr()
     resumed = ppo_ewma.train(ppo_ewma.Args(resume=path))
     assert resumed["global_step"] == 3 * 64 and not os.path.exists(tmp_path / "marker")
@@ -497,7 +499,7 @@ def test_spaces_that_cannot_be_taken_are_refused_in_one_sentence(tmp_path, monke
                                                  r"Box actions\.$"),
         (ppo_er, "user_envs:Grid2D-v0", r"has Discrete\(2\) actions; ppo_er\.py needs continuous \(Box\) actions\.$"),
         (ppo_ewma, "no_such_module:Env-v0", r"^--env-id no_such_module:Env-v0: its module no_such_module cannot be "
-                                            r"imported\.$"),
+                                            r"found; it must be in the scripts' folder or on PYTHONPATH\.$"),
     ]
     for module, env_id, message in cases:
         with pytest.raises(SystemExit, match=message):
