@@ -171,18 +171,19 @@ def binned_curve(steps, values, edges):
     return np.array([values[which == i].mean() if np.any(which == i) else np.nan for i in range(len(edges) - 1)])
 
 
-def final_return(steps, values, window):
-    """Mean of the values logged in the last `window` fraction of the run's steps."""
-    if len(steps) == 0:
-        return np.nan
-    return values[steps >= (1 - window) * steps.max()].mean()
+def final_return(steps, values, window, at=None):
+    """Mean of the values logged in the last `window` fraction of the run's steps, or with `at` of its first `at`
+    steps (the run as it stood at step `at`: steps (1 - window) at to at); nan where none was logged there."""
+    end = steps.max() if at is None and len(steps) else at
+    inside = (steps >= (1 - window) * end) & (steps <= end) if len(steps) else steps > 0
+    return values[inside].mean() if inside.any() else np.nan
 
 
-def summarize(groups, tag, window, per=None):
+def summarize(groups, tag, window, per=None, at=None):
     """{variant: per-seed final returns, as an array}; with `per`, each divided by that tag's final value."""
     def final(run_dir):
-        value = final_return(*read_scalars(run_dir, tag), window)
-        return value / final_return(*read_scalars(run_dir, per), window) if per else value
+        value = final_return(*read_scalars(run_dir, tag), window, at)
+        return value / final_return(*read_scalars(run_dir, per), window, at) if per else value
     return {name: np.array([final(d) for d in dirs]) for name, dirs in groups.items()}
 
 
@@ -255,9 +256,10 @@ def mean_interval(x):
     return with_interval(np.mean(x), *t_interval(x))
 
 
-def final_table(finals, window, tag="charts/episodic_return"):
+def final_table(finals, window, tag="charts/episodic_return", at=None):
     quantity = "return" if tag == "charts/episodic_return" else tag
-    lines = [f"| variant | seeds | {quantity}, last {window:.0%} of steps: mean [95% t interval] over seeds | "
+    steps = f"last {window:.0%} of steps" if at is None else f"steps {(1 - window) * at:,.0f}-{at:,.0f}"
+    lines = [f"| variant | seeds | {quantity}, {steps}: mean [95% t interval] over seeds | "
              "sample std (ddof 1) |", "|---|---:|---:|---:|"]
     lines += [f"| {name} | {len(x)} | {mean_interval(x)} | {number(np.std(x, ddof=1)) if len(x) > 1 else ''} |"
               for name, x in finals.items()]
@@ -543,6 +545,8 @@ def main(argv=None):
                         f"{ENV_AND_EXP_NAME} when the runs hold several env ids)")
     parser.add_argument("--tag", default="charts/episodic_return", help="the scalar to draw and tabulate")
     parser.add_argument("--window", type=float, default=0.1, help="final fraction of steps that the table averages")
+    parser.add_argument("--at", type=float, metavar="STEP", help="tables: each run as it stood at this step, the last "
+                        "--window fraction of its first STEP steps (e.g. 1e6 of a 5M-step run); the plot is whole")
     parser.add_argument("--divisor-regex", help="regex whose group 1 is the batch divisor c in a variant's name")
     parser.add_argument("--pivot", help="regex with two groups (row, column) of a variant's name: print a grid")
     parser.add_argument("--threshold", type=float, help="also print each seed's first step at which the mean of its "
@@ -582,7 +586,7 @@ def main(argv=None):
         raise SystemExit(f"no run directory under {args.runs} matches --group {shlex.quote(pattern)}")
     check_variants(groups, pattern)
     warn_of_unequal_lengths(groups, args.tag)
-    finals = summarize(groups, args.tag, args.window, args.per)
+    finals = summarize(groups, args.tag, args.window, args.per, args.at)
     groups = {name: dirs for name, dirs in groups.items() if not np.all(np.isnan(finals[name]))}  # tag logged
     finals = {name: finals[name] for name in groups}
     if not groups:
@@ -591,7 +595,7 @@ def main(argv=None):
     pairs = comparison_pairs(envs, args.compare, args.baseline)
     if args.margin is not None and not pairs:
         raise SystemExit("--margin judges comparisons: give --compare A=B or --baseline B.")
-    tables = [final_table(finals, args.window, f"{args.tag} / {args.per}" if args.per else args.tag)]
+    tables = [final_table(finals, args.window, f"{args.tag} / {args.per}" if args.per else args.tag, args.at)]
     tables += [pivot_table(finals, args.pivot)] if args.pivot else []
     tables += [threshold_table(groups, args.tag, args.threshold)] if args.threshold is not None else []
     tables += [invariance_table(finals, args.divisor_regex)] if args.divisor_regex else []

@@ -57,6 +57,17 @@ def test_final_table_and_fig_3_measure(runs, capsys):
     assert out_png.stat().st_size > 1000  # a PNG was drawn
 
 
+def test_at_a_step_the_table_takes_each_run_as_it_stood_then(runs, capsys):
+    # --at 50 --window 0.5: the points at steps 25 to 50 of each seed, its value at step 50 alone
+    #   a_c1: seeds 20 and 40: mean 30, s = 14.1, 30 +- 12.706 x 10 = [-97.1, 157.1]
+    #   a_c4: seeds 10 and 10: mean 10, s = 0, an interval of width 0
+    plot.main([str(runs), "--window", "0.5", "--at", "50"])
+    printed = capsys.readouterr().out
+    assert "| variant | seeds | return, steps 25-50: mean [95% t interval] over seeds |" in printed
+    assert "| a_c1 | 2 | 30.0 [-97.1, 157.1] | 14.1 |" in printed and "| a_c4 | 2 | 10.0 [10.0, 10.0] | 0 |" in printed
+    assert np.isnan(plot.final_return(np.array([0.0, 10.0]), np.array([1.0, 2.0]), 0.1, at=100))  # never got there
+
+
 def test_binned_curve_means_per_bin():
     # bins [0, 50), [50, 100]: values at 0 and 49 -> mean(1, 3) = 2; at 50 and 100 -> mean(5, 7) = 6
     edges = np.array([0.0, 50.0, 100.0 + 1e-9])
