@@ -1097,12 +1097,13 @@ def restored(data, like):
         return restored(data, torch.zeros(size, dtype=torch.float64))
     if isinstance(like, np.ndarray) and like.dtype.kind in "biuf":
         return restored(data, torch.from_numpy(like)).numpy()
-    if isinstance(like, torch.Tensor):
-        if not (isinstance(data, torch.Tensor) and data.dtype == like.dtype and data.shape == like.shape):
+    if isinstance(like, torch.Tensor):  # float32 data where like is float64 is held exactly (older statistics)
+        dtypes = (like.dtype, torch.float32) if like.dtype == torch.float64 else (like.dtype,)
+        if not (isinstance(data, torch.Tensor) and data.dtype in dtypes and data.shape == like.shape):
             described = f"a {data.dtype} tensor of shape {list(data.shape)}" if isinstance(data, torch.Tensor) \
                 else f"a {type(data).__name__}"
             raise ValueError(f"is {described}, not a {like.dtype} tensor of shape {list(like.shape)}")
-        return data.to(like.device, copy=True)
+        return data.to(like.device, like.dtype, copy=True)
     if like is None or type(like) in (bool, int, float) or isinstance(like, np.generic) and like.dtype.kind in "biuf":
         if data is None and like is None or type(data) in (bool, int, float):
             return data
@@ -1236,7 +1237,8 @@ def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
     """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
     for name, (wrapper, rms) in env_normalizers(envs).items():
         if name in states:
-            own = {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+            own = {"mean": torch.as_tensor(rms.mean, dtype=torch.float64),  # float64 once they have been updated
+                   "var": torch.as_tensor(rms.var, dtype=torch.float64), "count": float(rms.count)}
             state = checked(states[name], own, f"{name} statistics")
             rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
         wrapper.update_running_mean = not freeze

@@ -9,6 +9,7 @@ import sys
 import time
 import zipfile
 
+import numpy as np
 import pytest
 import torch
 import tyro
@@ -259,3 +260,18 @@ def test_evaluating_a_user_env_model_without_its_module_says_so(tmp_path, monkey
                                          r"must be in the scripts' folder or on PYTHONPATH\.$"):
         module.train(module.Args(eval_checkpoint="model.pt", env_id="gone_envs:Grid2D-v0", cuda=False))
     assert ":" not in module.SCRIPT.run_name(module.Args(env_id="user_envs:Grid2D-v0"))  # a portable run directory
+
+
+def test_the_checks_take_what_runs_save_observation_statistics_included(tmp_path, monkeypatch):
+    import vmpo
+
+    monkeypatch.chdir(tmp_path)  # Hopper's statistics are float64 once updated; a fresh evaluation env's float32
+    trained = vmpo.train(vmpo.Args(env_id="Hopper-v5", num_envs=2, num_steps=64, num_minibatches=4,
+                                   total_timesteps=128, cuda=False))
+    saved = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["normalizers"]["obs_0"]
+    envs = vmpo.make_env(vmpo.Args(env_id="Hopper-v5", num_envs=1))
+    harness.load_normalizers(envs, {"obs_0": saved}, freeze=True)
+    rms = harness.env_normalizers(envs)["obs_0"][1]
+    assert saved["mean"].dtype == torch.float64 and np.array_equal(rms.mean, saved["mean"].numpy())
+    assert len(vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=1,
+                                    cuda=False))["returns"]) == 1
