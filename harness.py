@@ -1,9 +1,10 @@
 """Run plumbing for the scripts of this repository: what every run needs and no paper describes (checks, device,
 run directory, progress, checkpoints, evaluation, torchrun), and what several scripts build with (the Procgen
-adapter, vector envs, chunked passes, the gradient noise scale). A script describes itself in a `Script` and
-calls, from train():
+adapter, flattened observations, chunked passes, the gradient noise scale). A script describes itself in a `Script`
+and calls, from train():
 
-    run = harness.start(args, SCRIPT)                 # everything before the algorithm's first line
+    flags, checkpoint = harness.run_flags(args, SCRIPT)          # the flags, checked; with --resume the checkpoint's
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # workers, checks, seeds, device, envs, run dir
     global_step, first_iteration, next_obs, next_done = run.restore(harness.Saved(...), next_obs, next_done)
     run.after_step(global_step, info)                 # every env step: finished episodes, progress
     run.end_rollout()                                 # the rollout's episodes to TensorBoard
@@ -11,7 +12,8 @@ calls, from train():
     run.end_iteration(iteration, global_step, ...)    # SPS, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.pt, closing line
 
-This module never imports a script and holds no algorithm.
+This module never imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient
+steps are the scripts' own.
 """
 import ctypes
 import dataclasses
@@ -19,7 +21,6 @@ import difflib
 import enum
 import glob
 import importlib.util
-import math
 import os
 import platform
 import random
@@ -34,7 +35,6 @@ import typing
 import zipfile
 from collections import deque
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, Optional
 
 import gymnasium as gym
@@ -54,7 +54,8 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
 OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume always takes from its command line
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # --resume: from its command line where given there
-EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video", *TRACKING_FLAGS)
+EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
+              *TRACKING_FLAGS)
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
                     "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
@@ -105,17 +106,11 @@ class RunArgs:
     """the W&B entity (team or user) of --track; default: your W&B default"""
 
 
-def batch_sizes(args, world_size: int = 1) -> tuple[int, int, int]:
-    """(batch_size, minibatch_size, num_iterations) of Args (torchrun: a worker's Args, and W workers)."""
-    batch_size = args.num_envs * world_size * args.num_steps
-    return batch_size, batch_size // args.num_minibatches, math.ceil(args.total_timesteps / batch_size)
-
-
-def describe(args, world_size: int, checkpoint) -> str:
-    """The start-up block's line on the run's size (args: this worker's)."""
-    batch_size, _, num_iterations = batch_sizes(args, world_size)
+def describe(args, num_iterations: int) -> str:
+    """The start-up block's line on the run's size (args: the run's, num_envs the total over all workers)."""
+    batch_size = args.num_envs * args.num_steps
     return (f"{num_iterations * batch_size:,} in {plural(num_iterations, 'iteration')} of {batch_size:,} "
-            f"({plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps)")
+            f"({plural(args.num_envs, 'env')} x {args.num_steps} steps)")
 
 
 def worker_share(args, rank: int, world_size: int):
@@ -148,10 +143,9 @@ class Script:
     make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
     acting_policy: Callable  # (args, envs, {name: state dict}, device) -> act(obs) -> env actions, for evaluation
     flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
-    check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the command line
-    describe: Callable = describe  # (args, world_size, checkpoint) -> the start-up block's "steps" line
-    run_args: Callable = lambda args: args  # the command line's Args -> the run's (e.g. the batch divisor applied)
-    defaults: Callable = lambda args: args  # the command line's Args -> with the defaults run_args fills in
+    check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the run's Args
+    describe: Callable = describe  # (the run's args, num_iterations) -> the start-up block's "steps" line
+    defaults: Callable = lambda args: args  # the flags -> with the defaults that depend on the env filled in
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
     run_name: Callable = lambda args: f"{portable(args.env_id)}__{args.exp_name}__{args.seed}"  # the run dir, less time
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
@@ -207,19 +201,11 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         self.venv.close()
 
 
-def gymnasium_envs(env_id: str, num_envs: int, norm_obs: bool = False, render_mode=None,
-                   images: bool = True) -> gym.vector.VectorEnv:
-    """gymnasium.make_vec's sync envs with SAME_STEP autoreset, observations as vector_observations makes them.
-    norm_obs normalizes each env's observations by running statistics inside the autoreset, so that
-    info["final_obs"] is normalized too (Gymnasium 1.4's vector NormalizeObservation refuses SAME_STEP autoreset),
-    then clips them to +-10."""
-    clip = partial(gym.wrappers.TransformObservation, func=partial(np.clip, a_min=-10.0, a_max=10.0),
-                   observation_space=None)
-    normalize = [gym.wrappers.NormalizeObservation, clip] if norm_obs else []
-    return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync",
-                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
-                        wrappers=[partial(vector_observations, images=images), *normalize],
-                        **({"render_mode": render_mode} if render_mode else {}))  # as gym.make: only if asked for
+def procgen_envs(args, render_mode=None) -> ProcgenVecEnv:
+    """The Procgen game --env-id as a Gymnasium vector env (ProcgenVecEnv): --num-envs envs of --distribution-mode,
+    levels from --start-level (--num-levels of them, 0: unlimited), seeded with --seed."""
+    return ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode,
+                         args.seed, render_mode)
 
 
 def is_image(space) -> bool:
@@ -342,22 +328,33 @@ class GradientNoiseScale:
 
 
 # ------------------------------------------------------------------------------------- a run's life
-def start(args, script: Script) -> "Run":
-    """Everything before the algorithm's first line: --resume, torchrun workers, flag checks (before any work and
-    before a run directory exists), seeds, device, envs, run directory, start-up block and TensorBoard writer."""
-    args, checkpoint = resume_from(args, script)  # --resume: the checkpoint's flags
-    rank, world_size = start_workers(args, script)
+def run_flags(args, script: Script) -> tuple:
+    """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
+    with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None)."""
+    args, checkpoint = resume_from(args, script)
+    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
+    name = args.exp_name
+    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", ".."):
+        raise SystemExit(f"--exp-name {name!r} must be a plain name (no '/'): it names the run's directory in runs/.")
+    return args, checkpoint
+
+
+def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
+    """Everything between the flags and the algorithm's first line: torchrun workers, the checks of the run's Args
+    (before any work and before a run directory exists), seeds, device, envs, run directory, start-up block and
+    TensorBoard writer. args: the hyperparameters the run trains with (num_envs: the total over all workers); flags:
+    run_flags' flags they were made from, which checkpoints keep (default: args)."""
+    flags = args if flags is None else flags
+    rank, world_size = start_workers(args, flags, script)
     check_args(args, script)
-    run_args = script.run_args(args)
-    if world_size > 1:  # this worker's num_envs / W envs and its own seed
-        run_args = script.worker_share(run_args, rank, world_size)
+    run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # this worker's envs and seed
     seed_everything(run_args.seed)
     torch.backends.cudnn.deterministic = run_args.torch_deterministic
     device, device_note = choose_device(args.cuda)
     envs = script.make_env(run_args)
     tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
     run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
-    lines = {"steps": script.describe(run_args, world_size, checkpoint)}
+    lines = {"steps": script.describe(args, num_iterations)}
     if checkpoint is not None:
         lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
                              f"from {args.resume}")
@@ -367,20 +364,20 @@ def start(args, script: Script) -> "Run":
                             f"flags printed and logged are rank 0's share")
     if args.eval_every:
         lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
-    wandb_run_id = start_tracking(args, run_dir, checkpoint) if args.track and rank == 0 else None  # before the writer
+    wandb_run_id = start_tracking(flags, run_dir, checkpoint) if args.track and rank == 0 else None  # before writer
     writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
-    run = Run(script, args, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer)  # Ctrl-C handled
+    run = Run(script, flags, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer, num_iterations)
     run.wandb_run_id = wandb_run_id
     print_startup(script, run_args.env_id, device_note, run_dir,  # from the start-up block on
                   dict(lines, saves=saves_note(args, world_size)))
     suggest_recipe(args, script)
-    if getattr(args, "batch_divisor", 1) != 1:  # the hyperparameters --batch-divisor changed, said once
-        before, after = script.defaults(args), script.run_args(args)
-        changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
-                            if getattr(before, name) != getattr(after, name))
-        print(f"--batch-divisor {args.batch_divisor}:\n{changes}")
+    before = script.defaults(flags)  # the hyperparameters the script adjusted (e.g. for --batch-divisor), said once
+    changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(args, name)}" for name in vars(before)
+                        if getattr(before, name) != getattr(args, name))
+    if changes:
+        print(f"adjusted from the flags:\n{changes}")
         if checkpoint is None:
-            writer.add_text("batch_divisor", changes.replace("\n", "  \n"))
+            writer.add_text("adjusted", changes.replace("\n", "  \n"))
     return run
 
 
@@ -433,8 +430,10 @@ class Run:
     """A run in progress and the hooks train() calls. args: the Args this process trains with (run_args of the
     command line's, a torchrun worker's share); command_args: the command line's or --resume's, kept in checkpoints."""
 
-    def __init__(self, script, command_args, args, checkpoint, rank, world_size, device, envs, run_dir, writer):
+    def __init__(self, script, command_args, args, checkpoint, rank, world_size, device, envs, run_dir, writer,
+                 num_iterations):
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
+        self.num_iterations = num_iterations
         self.rank, self.world_size, self.device, self.envs = rank, world_size, device, envs
         self.run_dir, self.writer = run_dir, writer
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
@@ -445,12 +444,10 @@ class Run:
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def restore(self, saved: Saved, next_obs, next_done, num_iterations: Optional[int] = None) -> tuple:
-        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs (num_iterations:
-        by default batch_sizes'). Returns (global_step, first iteration to run, next_obs, next_done)."""
-        batch_size, _, default_iterations = batch_sizes(self.args, self.world_size)
-        self.saved, self.num_iterations = saved, num_iterations or default_iterations
-        global_step, first_iteration = 0, 1
+    def restore(self, saved: Saved, next_obs, next_done) -> tuple:
+        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs. Returns
+        (global_step, first iteration to run, next_obs, next_done)."""
+        self.saved, global_step, first_iteration = saved, 0, 1
         if self.checkpoint is not None:
             global_step, first_iteration, next_obs, next_done = restore_run(self.checkpoint, saved, self.envs,
                                                                             next_obs, next_done)
@@ -458,7 +455,8 @@ class Run:
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.last_eval_step = global_step
         self.start_step, self.start_time = global_step, time.time()
-        self.progress = Progress(self.num_iterations * batch_size, global_step)
+        self.progress = Progress(self.num_iterations * self.world_size * self.args.num_envs * self.args.num_steps,
+                                 global_step)
         return global_step, first_iteration, next_obs, next_done
 
     def after_step(self, global_step: int, info: dict) -> None:
@@ -606,17 +604,13 @@ def resume_command(script: Script, args, path: str) -> str:
 
 # ------------------------------------------------------------------------------------------ checks
 def check_args(args, script: Script) -> None:
-    """Stop with one sentence naming the flag before any work is done and before a run directory exists."""
-    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
-    name = args.exp_name
-    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", ".."):
-        raise SystemExit(f"--exp-name {name!r} must be a plain name (no '/'): it names the run's directory in runs/.")
+    """Stop with one sentence naming the flag before any work is done and before a run directory exists (args: the
+    run's hyperparameters)."""
     script.check_args(args, *check_spaces(args.env_id, script))
-    run_args = script.run_args(args)
-    iteration = run_args.num_envs * run_args.num_steps
+    iteration = args.num_envs * args.num_steps
     if args.total_timesteps < iteration:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
-                         f"steps (--num-envs {run_args.num_envs} x --num-steps {run_args.num_steps}).")
+                         f"steps (--num-envs {args.num_envs} x --num-steps {args.num_steps}).")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
     check_tracking(args)
 
@@ -976,8 +970,9 @@ def checkpoint_args(checkpoint, script: Script):
     values, hints = {**script.missing_flags, **checkpoint["args"]}, typing.get_type_hints(script.args_type)
     for name, value in values.items():
         if not fits(value, hints[name]):
-            raise SystemExit(f"The checkpoint's flag {name} is {reprlib.repr(value)}, which --{name.replace('_', '-')} cannot "
-                             f"be ({hints[name]}).")
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(f"The checkpoint's flag {name} is {reprlib.repr(value)}, which {flag} cannot be "
+                             f"({hints[name]}).")
     args = script.args_type(**values)
     try:
         check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
@@ -1097,13 +1092,12 @@ def restored(data, like):
         return restored(data, torch.zeros(size, dtype=torch.float64))
     if isinstance(like, np.ndarray) and like.dtype.kind in "biuf":
         return restored(data, torch.from_numpy(like)).numpy()
-    if isinstance(like, torch.Tensor):  # float32 data where like is float64 is held exactly (older statistics)
-        dtypes = (like.dtype, torch.float32) if like.dtype == torch.float64 else (like.dtype,)
-        if not (isinstance(data, torch.Tensor) and data.dtype in dtypes and data.shape == like.shape):
+    if isinstance(like, torch.Tensor):
+        if not (isinstance(data, torch.Tensor) and data.dtype == like.dtype and data.shape == like.shape):
             described = f"a {data.dtype} tensor of shape {list(data.shape)}" if isinstance(data, torch.Tensor) \
                 else f"a {type(data).__name__}"
             raise ValueError(f"is {described}, not a {like.dtype} tensor of shape {list(like.shape)}")
-        return data.to(like.device, like.dtype, copy=True)
+        return data.to(like.device, copy=True)
     if like is None or type(like) in (bool, int, float) or isinstance(like, np.generic) and like.dtype.kind in "biuf":
         if data is None and like is None or type(data) in (bool, int, float):
             return data
@@ -1237,8 +1231,10 @@ def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
     """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
     for name, (wrapper, rms) in env_normalizers(envs).items():
         if name in states:
-            own = {"mean": torch.as_tensor(rms.mean, dtype=torch.float64),  # float64 once they have been updated
-                   "var": torch.as_tensor(rms.var, dtype=torch.float64), "count": float(rms.count)}
+            saved = states[name].get("mean") if isinstance(states[name], dict) else None  # float32 or float64 (once
+            dtype = saved.dtype if getattr(saved, "dtype", None) in (torch.float32, torch.float64) else None  # updated)
+            own = {"mean": torch.as_tensor(rms.mean, dtype=dtype), "var": torch.as_tensor(rms.var, dtype=dtype),
+                   "count": float(rms.count)}
             state = checked(states[name], own, f"{name} statistics")
             rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
         wrapper.update_running_mean = not freeze
@@ -1405,7 +1401,7 @@ def evaluate(args, script: Script) -> dict:
     run_args = checkpoint_args(checkpoint, script)
     confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
     check_spaces(run_args.env_id, script)
-    run_args = script.run_args(run_args)  # as the run trained, acting as told here
+    run_args = script.defaults(run_args)  # as the run trained, acting as told here
     run_args = dataclasses.replace(run_args, eval_deterministic=args.eval_deterministic)
     if args.capture_video:
         check_rendering(run_args.env_id, script.procgen_games)
@@ -1445,9 +1441,10 @@ def evaluate(args, script: Script) -> dict:
 # -------------------------------------------------------------------------------- torchrun workers
 # `torchrun --nproc_per_node W` runs W copies of a script (docs/torchrun.md): each steps num_envs / W envs, the
 # workers average every gradient, and only rank 0 prints, logs and saves. In a single process every helper does nothing.
-def start_workers(args, script: Script) -> tuple:
-    """Under torchrun (even W = 1): take this worker's GPU, check the flags and their split over the workers, join
-    the others (NCCL with one GPU each, Gloo on CPU), silence stdout on ranks > 0; (rank, W). One process: (0, 1)."""
+def start_workers(args, flags, script: Script) -> tuple:
+    """Under torchrun (even W = 1): take this worker's GPU, check the run's Args and their split over the workers,
+    join the others (NCCL with one GPU each, Gloo on CPU), silence stdout on ranks > 0; (rank, W). One process:
+    (0, 1). args: the run's hyperparameters, flags: the flags they were made from (for messages)."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world_size == 1 and "LOCAL_RANK" not in os.environ:  # torchrun sets LOCAL_RANK; python does not
         return 0, 1
@@ -1464,9 +1461,8 @@ def start_workers(args, script: Script) -> tuple:
     if args.resume is not None or args.checkpoint_every:
         raise SystemExit("--resume and --checkpoint-every work in a single process only: a checkpoint holds the "
                          "envs, reward normalizer and random state of one worker, not the others'.")
-    num_envs = script.run_args(args).num_envs
-    total = f"--num-envs {args.num_envs}" + (f" / --batch-divisor {args.batch_divisor} = {num_envs}"
-                                             if num_envs != args.num_envs else "")
+    num_envs = args.num_envs
+    total = f"--num-envs {flags.num_envs}" + (f", adjusted to {num_envs}," if num_envs != flags.num_envs else "")
     if num_envs % world_size != 0:
         raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
                          f"torchrun workers.")
@@ -1474,8 +1470,8 @@ def start_workers(args, script: Script) -> tuple:
     try:  # e.g. the minibatches must now split each worker's envs
         script.check_args(share, *check_spaces(args.env_id, script))
     except SystemExit as error:
-        raise SystemExit(f"With {world_size} torchrun workers each one runs {num_envs // world_size} of the {total} "
-                         f"envs: {error}") from None
+        raise SystemExit(f"With {world_size} torchrun workers each one runs {num_envs // world_size} of the "
+                         f"{total.rstrip(',')} envs: {error}") from None
     dist.init_process_group("nccl" if cuda else "gloo")
     if rank != 0:
         sys.stdout = open(os.devnull, "w")
@@ -1523,20 +1519,6 @@ def check_finite(iteration: int, **losses) -> None:
     if not torch.isfinite(values).all():
         name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))
         raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
-
-
-def step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
-    """One gradient step of `modules` on `loss`: zero the gradients, backward, give the minibatch's own gradient to
-    --noise-scale's estimate (torchrun: this worker's), average the gradients over the torchrun workers, clip their
-    global norm to max_grad_norm (if given), and step the optimizer."""
-    optimizer.zero_grad()
-    loss.backward()
-    if noise_scale is not None:
-        noise_scale.add(*modules)
-    average_gradients(*modules)
-    if max_grad_norm is not None:
-        torch.nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
-    optimizer.step()
 
 
 def global_batch(x):

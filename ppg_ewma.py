@@ -357,7 +357,10 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
             values = value_net(mb_obs)
             loss = aux_loss(new_logits, mb_old_logits, aux_values, values, mb_returns, beta_clone)
             harness.check_finite(iteration, aux_loss=loss)
-            harness.step(optimizer, loss, policy, value_net)  # torchrun: each worker's minibatch is from its own buffer
+            optimizer.zero_grad()
+            loss.backward()
+            harness.average_gradients(policy, value_net)  # torchrun: each worker's minibatch is from its own buffer
+            optimizer.step()
 
             with torch.no_grad():
                 clone_kl = categorical_kl(mb_old_logits, new_logits).mean().item()
@@ -373,10 +376,16 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
-    run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args = run.args  # from here on the run's Args: apply_batch_divisor's, and under torchrun this worker's share
-    envs, device, writer = run.envs, run.device, run.writer
-    _, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
+    flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
+    # the hyperparameters the run trains with: Sec. 4's adjustments for a batch divided by c = --batch-divisor, with
+    # Appendix B's for the auxiliary phase (apply_batch_divisor; checkpoints keep the flags they came from)
+    args = apply_batch_divisor(flags)
+    batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device, envs, run dir, logs
+    # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
+    args, envs, device, writer = run.args, run.envs, run.device, run.writer
 
     policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
     harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
@@ -396,7 +405,7 @@ def train(args: Args) -> dict:
                                  betas=(args.adam_beta1, args.adam_beta2))
     # Appendix B adjusts only the auxiliary phase's step size, so its Adam keeps the unadjusted betas
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
-                                     betas=(run.command_args.adam_beta1, run.command_args.adam_beta2))
+                                     betas=(flags.adam_beta1, flags.adam_beta2))
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
@@ -499,7 +508,14 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, entropy=entropy_loss)
 
-                harness.step(optimizer, loss, policy, max_grad_norm=args.max_grad_norm, noise_scale=noise_scale)
+                optimizer.zero_grad()
+                loss.backward()
+                if noise_scale is not None:  # --noise-scale: this minibatch's own gradient (torchrun: this worker's)
+                    noise_scale.add(policy)
+                harness.average_gradients(policy)  # torchrun: the mean over the workers; one process: nothing
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
+                optimizer.step()
                 if ewma_policy is not None:  # PPG-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
 
@@ -522,7 +538,12 @@ def train(args: Args) -> dict:
             for mb_inds in epoch_minibatches(args):
                 v_loss = value_loss(value_net(b_obs[mb_inds].to(device)), b_returns[mb_inds])
                 harness.check_finite(iteration, value_loss=v_loss)
-                harness.step(optimizer, args.vf_coef * v_loss, value_net, max_grad_norm=args.max_grad_norm)
+                optimizer.zero_grad()
+                (args.vf_coef * v_loss).backward()
+                harness.average_gradients(value_net)
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
+                optimizer.step()
                 stats["value_loss"].append(v_loss.detach())
 
         # auxiliary phase, after N_pi policy iterations: distil V_targ into the policy network's aux head
@@ -666,12 +687,16 @@ class ValueNetwork(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
-    else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
+    """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
+    resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
+    new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
+        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
+    else:  # Dict, Tuple and n-D Box observations flattened, ints as float32
+        envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+                            wrappers=[harness.vector_observations],
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                            **({"render_mode": render_mode} if render_mode else {}))
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
@@ -700,15 +725,14 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
 
 
 def check_args(args: Args, observation_space, action_space) -> None:
-    """This script's own checks of the command line's Args, the batch-divisor adjustments included."""
-    adjusted = apply_batch_divisor(args)
-    harness.check_minibatches(adjusted.num_steps, adjusted.num_envs, adjusted.num_minibatches, adjusted.shuffle_samples)
-    aux_size, num_steps = adjusted.aux_minibatch_size, adjusted.num_steps
-    phase_size = adjusted.n_pi * adjusted.num_envs * num_steps
-    whole = aux_size % num_steps == 0 or num_steps % aux_size == 0 or adjusted.shuffle_samples
+    """This script's own checks of the run's Args (the batch-divisor adjustments applied)."""
+    harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
+    aux_size, num_steps = args.aux_minibatch_size, args.num_steps
+    phase_size = args.n_pi * args.num_envs * num_steps
+    whole = aux_size % num_steps == 0 or num_steps % aux_size == 0 or args.shuffle_samples
     if aux_size > phase_size or phase_size % aux_size != 0 or not whole:
         raise SystemExit(f"--aux-minibatch-size {aux_size} must divide the phase of {phase_size} samples (--n-pi "
-                         f"{adjusted.n_pi} x --num-envs {adjusted.num_envs} x --num-steps {num_steps}) into whole "
+                         f"{args.n_pi} x --num-envs {args.num_envs} x --num-steps {num_steps}) into whole "
                          f"trajectories (a multiple of --num-steps) or equal pieces of one (a divisor of --num-steps).")
     # the auxiliary phase keeps N_pi x T x N observations (uint8 64x64x3 = 12 KiB each for Procgen), and with each
     # a float32 value target and the pre-phase policy's float32 logits
@@ -718,8 +742,8 @@ def check_args(args: Args, observation_space, action_space) -> None:
                          "--n-pi, --num-envs or --num-steps (--batch-divisor keeps them the same)")
 
 
-def describe(args: Args, world_size: int, checkpoint) -> str:
-    return harness.describe(args, world_size, checkpoint) + f", phases of {args.n_pi}"
+def describe(args: Args, num_iterations: int) -> str:
+    return harness.describe(args, num_iterations) + f", phases of {args.n_pi}"
 
 
 def worker_share(args: Args, rank: int, world_size: int) -> Args:
@@ -745,7 +769,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
-                        run_args=apply_batch_divisor, worker_share=worker_share, procgen=True,
+                        worker_share=worker_share, procgen=True,
                         missing_flags={"adjust_aux": False})  # runs before --adjust-aux left the aux phase alone
 
 

@@ -14,6 +14,7 @@ L = 1 is PPO, on the same code path.
 """
 import math
 from collections import defaultdict, deque
+from functools import partial
 from dataclasses import dataclass
 from typing import Annotated, Optional
 
@@ -161,10 +162,12 @@ class ReplayMemory:
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
-    run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
-    args = run.args  # from here on the run's Args: with --resume, the checkpoint's
+    args, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
+    batch_size = args.num_envs * args.num_steps  # N = K actors x N/K steps
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, seeds, device, envs, run dir, logs
     envs, device, writer = run.envs, run.device, run.writer
-    _, minibatch_size, num_iterations = harness.batch_sizes(args)
 
     agent = Agent(envs).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
@@ -256,7 +259,11 @@ def train(args: Args) -> dict:
                 loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
-                harness.step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm)
+                optimizer.zero_grad()
+                loss.backward()
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
 
                 with torch.no_grad():
                     logratio = new_logp - mb_behav_logp
@@ -327,12 +334,26 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics and reward scaling (observations: harness.gymnasium_envs)."""
-    envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode, images=False)
+    """The K actors' envs. Each resets a finished episode inside the step that ended it (SAME_STEP autoreset):
+    next_obs is the new episode's first observation, info["final_obs"] the finished one's last, which train()
+    bootstraps from. Rewards are scaled by Gymnasium's NormalizeReward, as SB3's and CleanRL's PPO do (the batch
+    size-invariance scripts use the official code's RewardNormalizer instead), after the raw-score episode
+    statistics are recorded."""
+    # Dict, Tuple and n-D Box observations (images too) flattened, ints as float32
+    wrappers = [partial(harness.vector_observations, images=False)]
+    if args.norm_obs:  # by each env's running mean and std, inside the autoreset so that final_obs is too; +-10
+        wrappers += [gym.wrappers.NormalizeObservation, clip_observations]
+    envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync", wrappers=wrappers,
+                        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                        **({"render_mode": render_mode} if render_mode else {}))
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw return, before reward scaling
     if args.norm_reward:  # not in the paper: scaled, then clipped to +-10 as a guard (raw rewards stay as they are)
         envs = gym.wrappers.vector.ClipReward(gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma), -10.0, 10.0)
     return envs
+
+
+def clip_observations(env: gym.Env) -> gym.Env:
+    return gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10.0, 10.0), None)
 
 
 # ------------------------------------------------------------------------------------------ policy distributions
@@ -354,7 +375,7 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
 
 
 def check_args(args: Args, observation_space, action_space) -> None:
-    """This script's own checks of the command line's Args."""
+    """This script's own checks of the run's Args."""
     if args.num_steps % args.num_minibatches != 0:
         raise SystemExit(f"--num-minibatches {args.num_minibatches} must divide --num-steps {args.num_steps}: each "
                          f"minibatch takes M/K = num_steps / num_minibatches samples of each of the K actors.")
@@ -366,12 +387,11 @@ def check_args(args: Args, observation_space, action_space) -> None:
                          "--num-envs, --num-steps or --replay-batches")
 
 
-def describe(args: Args, world_size: int, checkpoint) -> str:
-    """The start-up block's line on the run's size."""
-    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
-    return (f"{num_iterations * batch_size:,} in {harness.plural(num_iterations, 'iteration')} of N = {batch_size:,} "
-            f"({harness.plural(args.num_envs, 'actor')} x {args.num_steps} steps); "
-            f"M = {minibatch_size}, L = {args.replay_batches}")
+def describe(args: Args, num_iterations: int) -> str:
+    """The start-up block's line on the run's size, with the paper's N, M and L."""
+    batch_size = args.num_envs * args.num_steps
+    return (harness.describe(args, num_iterations) + f"; N = {batch_size:,}, M = "
+            f"{batch_size // args.num_minibatches}, L = {args.replay_batches}")
 
 
 def acting_policy(args: Args, envs, models: dict, device):

@@ -325,10 +325,16 @@ def epoch_minibatches(args: Args) -> list:
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
-    run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args = run.args  # from here on the run's Args: the Sec. 4 adjustments applied, under torchrun this worker's share
-    envs, device, writer = run.envs, run.device, run.writer
-    _, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
+    flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
+    # the hyperparameters the run trains with: the defaults that depend on the action type, then Sec. 4's adjustments
+    # for a batch divided by c = --batch-divisor (apply_batch_divisor; checkpoints keep the flags they came from)
+    args = apply_batch_divisor(flags)
+    batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device, envs, run dir, logs
+    # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
+    args, envs, device, writer = run.args, run.envs, run.device, run.writer
 
     agent = Agent(envs).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
@@ -457,7 +463,14 @@ def train(args: Args) -> dict:
                     over_target_kl = True
                     break
 
-                harness.step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm, noise_scale=noise_scale)
+                optimizer.zero_grad()
+                loss.backward()
+                if noise_scale is not None:  # --noise-scale: this minibatch's own gradient (torchrun: this worker's)
+                    noise_scale.add(agent)
+                harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
                 gradient_steps += 1
                 if ewma_agent is not None:  # PPO-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
@@ -591,7 +604,7 @@ class Agent(nn.Module):
             self.torso = ImpalaCNN(obs_shape[-1])
             self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
-        else:  # CleanRL's MLP and heads
+        else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
             self.torso = nn.Sequential(
                 layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
@@ -617,13 +630,23 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
+    """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
+    resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
+    new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
+        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
     else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, args.norm_obs, render_mode)
+        wrappers = [harness.vector_observations]  # Dict, Tuple and n-D Box observations flattened, ints as float32
+        if args.norm_obs:  # by each env's running mean and std, inside the autoreset so that final_obs is too; +-10
+            wrappers += [gym.wrappers.NormalizeObservation, clip_observations]
+        envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync", wrappers=wrappers,
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                            **({"render_mode": render_mode} if render_mode else {}))
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
+
+
+def clip_observations(env: gym.Env) -> gym.Env:
+    return gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10.0, 10.0), None)
 
 
 # ------------------------------------------------------------------------------------------ policy distributions
@@ -724,11 +747,10 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
 
 
 def check_args(args: Args, observation_space, action_space) -> None:
-    """This script's own checks of the command line's Args, the batch-divisor adjustments included."""
+    """This script's own checks of the run's Args (the batch-divisor adjustments applied)."""
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
-    adjusted = apply_batch_divisor(args)
-    harness.check_minibatches(adjusted.num_steps, adjusted.num_envs, adjusted.num_minibatches, adjusted.shuffle_samples)
+    harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
     # scaled reward
     continuous = isinstance(action_space, gym.spaces.Box)
@@ -738,7 +760,7 @@ def check_args(args: Args, observation_space, action_space) -> None:
     pi_floats = 3 * math.prod(action_space.shape) if continuous else int(action_space.nvec.sum()) if multi else \
         action_space.n
     sample_bytes = obs_bytes + action_bytes + 4 * (pi_floats + 7)
-    harness.check_memory(adjusted.num_envs * adjusted.num_steps * sample_bytes, args.cuda, "The rollout buffers",
+    harness.check_memory(args.num_envs * args.num_steps * sample_bytes, args.cuda, "The rollout buffers",
                          "--num-envs or --num-steps")
 
 
@@ -768,7 +790,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
-                        run_args=apply_batch_divisor, worker_share=harness.worker_share, procgen=True, actions="all")
+                        worker_share=harness.worker_share, procgen=True, actions="all")
 
 
 if __name__ == "__main__":

@@ -230,11 +230,14 @@ class Rollout(NamedTuple):
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
-    run = harness.start(args, SCRIPT)  # --resume, torchrun workers, flag checks, seeds, device, envs, run dir, logs
-    args = run.args  # from here on the run's Args: under torchrun, this worker's share
-    envs, device, writer = run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args, run.world_size)
-    last_iteration = count_iterations(args, run.world_size, run.checkpoint)  # k warm-up rollouts, then the trained ones
+    args, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
+    batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = math.ceil(args.total_timesteps / batch_size)  # trained on; the last may run past the steps
+    last_iteration = count_iterations(args, num_iterations, checkpoint)  # k warm-up rollouts, then the trained ones
+    run = harness.start(SCRIPT, args, checkpoint, last_iteration)  # checks, seeds, device, envs, run dir, logs
+    # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
+    args, envs, device, writer = run.args, run.envs, run.device, run.writer
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
     agent = Agent(envs).to(device)
@@ -253,7 +256,7 @@ def train(args: Args) -> dict:
     # what a checkpoint holds, restored with --resume (the queue is not: it warms up again, see count_iterations)
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer})
-    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done, last_iteration)
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     trained_steps = run.restored("trained_steps", 0) if run.checkpoint else 0
 
     for iteration in range(first_iteration, last_iteration + 1):
@@ -345,7 +348,12 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
-                harness.step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm)
+                optimizer.zero_grad()
+                loss.backward()
+                harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
+                if args.max_grad_norm is not None:
+                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+                optimizer.step()
 
                 with torch.no_grad():
                     logratio = new_logp - prox_logp
@@ -445,7 +453,7 @@ class Agent(nn.Module):
             self.torso = ImpalaCNN(obs_shape[-1])
             self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
-        else:  # CleanRL's MLP and heads
+        else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
             self.torso = nn.Sequential(
                 layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
@@ -465,12 +473,16 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env that records raw-score episode statistics (rewards are normalized in train())."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
-    else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, render_mode=render_mode)
+    """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
+    resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
+    new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
+        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
+    else:  # Dict, Tuple and n-D Box observations flattened, ints as float32
+        envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
+                            wrappers=[harness.vector_observations],
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                            **({"render_mode": render_mode} if render_mode else {}))
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
@@ -497,7 +509,7 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
 
 
 def check_args(args: Args, observation_space, action_space) -> None:
-    """This script's own checks of the command line's Args."""
+    """This script's own checks of the run's Args."""
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     obs_bytes = math.prod(observation_space.shape) * observation_space.dtype.itemsize
     harness.check_memory(queue_bytes(args.staleness, args.num_steps, args.num_envs, obs_bytes, action_space.n), False,
@@ -512,21 +524,18 @@ def queue_bytes(staleness, num_steps, num_envs, obs_bytes, num_actions):
     return (staleness + 1) * per_rollout
 
 
-def count_iterations(args: Args, world_size: int, checkpoint) -> int:
+def count_iterations(args: Args, num_iterations: int, checkpoint) -> int:
     """Iterations of the run: k warm-up rollouts, then num_iterations trained ones. The queue is not saved (k rollouts
     of 0.8 GB at the paper's scale), so a resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
         return checkpoint["num_iterations"] + harness.checked(checkpoint.get("queued"), args.staleness, "queued")
-    return harness.batch_sizes(args, world_size)[2] + args.staleness
+    return num_iterations + args.staleness
 
 
-def describe(args: Args, world_size: int, checkpoint) -> str:
-    """The start-up block's line on the run's size (args: this worker's)."""
-    batch_size, _, num_iterations = harness.batch_sizes(args, world_size)
-    last_iteration = count_iterations(args, world_size, checkpoint)
-    return (f"{last_iteration * batch_size:,} in {harness.plural(last_iteration, 'iteration')} of {batch_size:,} "
-            f"({harness.plural(args.num_envs * world_size, 'env')} x {args.num_steps} steps), "
-            f"{num_iterations:,} of them trained on")
+def describe(args: Args, num_iterations: int) -> str:
+    """The start-up block's line on the run's size: harness.describe's, and how many iterations are trained on."""
+    trained = math.ceil(args.total_timesteps / (args.num_envs * args.num_steps))
+    return harness.describe(args, num_iterations) + f", {trained:,} of them trained on"
 
 
 def run_name(args: Args) -> str:

@@ -17,6 +17,7 @@ returns through a PopArt-normalized head (Sec. 4.1). No entropy bonus, no import
         --gamma 0.99 --total-timesteps 1000000 --learning-rate 3e-4 --multiplier-lr 1e-2   # MuJoCo, 6 min here
 """
 import copy
+import dataclasses
 import math
 from collections import defaultdict
 from dataclasses import dataclass
@@ -103,7 +104,8 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     """normalize each env's vector observations by running statistics, then clip them to +-10 (as ppo_ewma.py; not
     in the paper); default: on for Box actions, off for discrete ones"""
     norm_reward: bool = True
-    """scale rewards by a running std of the discounted return (not in the paper, which relies on PopArt)"""
+    """scale rewards by a running std of the discounted return, then clip them to +-10 (not in the paper, which relies
+    on PopArt); --no-norm-reward: the raw rewards"""
     min_std: float = 1e-3
     """Gaussian std = softplus(head output) + min_std (not in the paper: keeps log-probs finite)"""
     state_dependent_std: bool = True
@@ -111,10 +113,10 @@ class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume
     dimension for every state, as PPO's (the paper does not say which; same softplus, floor and initial std)"""
 
 
-def obs_normalized(args: Args) -> bool:
-    """--norm-obs, its default filled in: on for Box actions."""
+def with_defaults(args: Args) -> Args:
+    """Args with --norm-obs's default filled in where it is None: on for Box actions, off for discrete ones."""
     continuous = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
-    return continuous if args.norm_obs is None else args.norm_obs
+    return dataclasses.replace(args, norm_obs=continuous if args.norm_obs is None else args.norm_obs)
 
 
 # ------------------------------------------------------------- the algorithm: GAE, E-step, M-step, PopArt (Sec. 4)
@@ -235,10 +237,13 @@ class PopArt(nn.Module):
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
-    run = harness.start(args, SCRIPT)  # --resume, flag checks, seeds, device, envs, run dir, logs
-    args = run.args  # from here on the run's Args: with --resume, the checkpoint's
+    flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
+    args = with_defaults(flags)  # --norm-obs on for Box actions
+    batch_size = args.num_envs * args.num_steps  # N x T
+    minibatch_size = batch_size // args.num_minibatches
+    num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device, envs, run dir, logs
     envs, device, writer = run.envs, run.device, run.writer
-    batch_size, minibatch_size, num_iterations = harness.batch_sizes(args)
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
@@ -343,7 +348,9 @@ def train(args: Args) -> dict:
                          "kl_loss": kl_loss}
                 harness.check_finite(iteration, **parts)
 
-                harness.step(optimizer, loss, agent)
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
                 project_multipliers(multipliers.values())
                 learning_steps += 1
                 if learning_steps % target_period == 0:  # theta_target <- theta_online every T_target steps
@@ -511,17 +518,28 @@ def act_and_value(target_agent, agent, obs, in_sync):
 
 # --------------------------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """Vectorized env with raw-score episode statistics, reward normalization and reward clipping."""
-    if args.env_id in harness.PROCGEN_GAMES:
-        envs = harness.ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level,
-                                     args.distribution_mode, args.seed, render_mode)
+    """The N envs. Each resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's
+    do): next_obs is the new episode's first observation, info["final_obs"] the finished one's last, which train()
+    bootstraps from. Rewards are scaled by Gymnasium's NormalizeReward (the paper scales none and relies on PopArt;
+    the batch size-invariance scripts use the official code's RewardNormalizer instead), after the raw-score
+    episode statistics are recorded, then clipped to +-10; --no-norm-reward hands the raw rewards on."""
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
+        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
     else:
-        envs = harness.gymnasium_envs(args.env_id, args.num_envs, obs_normalized(args), render_mode)
+        wrappers = [harness.vector_observations]  # Dict, Tuple and n-D Box observations flattened, ints as float32
+        if args.norm_obs:  # by each env's running mean and std, inside the autoreset so that final_obs is too; +-10
+            wrappers += [gym.wrappers.NormalizeObservation, clip_observations]
+        envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync", wrappers=wrappers,
+                            vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
+                            **({"render_mode": render_mode} if render_mode else {}))
     envs = gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score, before normalization
-    if args.norm_reward:
-        envs = gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma)
-    envs = gym.wrappers.vector.ClipReward(envs, -10.0, 10.0)  # not in the paper: a guard on the scaled rewards
+    if args.norm_reward:  # r / std of a running discounted return (gamma: the run's), then +-10 as a guard
+        envs = gym.wrappers.vector.ClipReward(gym.wrappers.vector.NormalizeReward(envs, gamma=args.gamma), -10.0, 10.0)
     return envs
+
+
+def clip_observations(env: gym.Env) -> gym.Env:
+    return gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10.0, 10.0), None)
 
 
 # ------------------------------------------------------------------------------------------ policy distributions
@@ -564,13 +582,11 @@ FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (ha
 
 
 def check_args(args: Args, observation_space, action_space) -> None:
-    """This script's own checks of the command line's Args."""
+    """This script's own checks of the run's Args."""
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
+    harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, shuffle_samples=True)
     batch_size = args.num_envs * args.num_steps
-    if args.num_minibatches > batch_size or batch_size % args.num_minibatches != 0:
-        raise SystemExit(f"--num-minibatches {args.num_minibatches} must divide the batch of {batch_size} samples "
-                         f"(--num-envs {args.num_envs} x --num-steps {args.num_steps}).")
     # obs, actions, rewards, dones, values, advantages, returns: one of each per sample
     sample_bytes = (math.prod(observation_space.shape) * observation_space.dtype.itemsize
                     + (4 * math.prod(action_space.shape) if isinstance(action_space, gym.spaces.Box) else 8) + 5 * 4)
@@ -593,7 +609,8 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
-                        flag_ranges=FLAG_RANGES, check_args=check_args, procgen=True, actions="any")
+                        flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults, procgen=True,
+                        actions="any")
 
 
 if __name__ == "__main__":

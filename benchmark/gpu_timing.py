@@ -36,7 +36,7 @@ def main():
     parser.add_argument("flags", nargs="*", help="ppo_ewma.py's flags, after --")
     cli = parser.parse_args()
     args = tyro.cli(ppo_ewma.Args, args=cli.flags)
-    run_args = ppo_ewma.SCRIPT.run_args(args)
+    run_args = ppo_ewma.apply_batch_divisor(args)
     batch = run_args.num_envs * run_args.num_steps
     args = dataclasses.replace(args, total_timesteps=cli.iterations * batch, save_model=False, checkpoint_every=0)
 

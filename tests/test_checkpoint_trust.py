@@ -121,7 +121,7 @@ def test_compressed_checkpoints_are_refused_before_they_inflate(stopped):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
 
 
-# 3 --------------------------------------------------------------------------------------- text is quoted or not printed
+# 3 ---------------------------------------------------------------------------------- text is quoted or not printed
 def test_a_checkpoints_text_is_quoted_or_not_printed(stopped, capsys):
     path, craft = stopped
     craft(lambda checkpoint: checkpoint.update(script="\x1b[2J\x1b[31mppg_ewma.py"))
@@ -138,8 +138,10 @@ def test_a_checkpoints_text_is_quoted_or_not_printed(stopped, capsys):
 def test_the_env_state_sets_only_its_layers_own_attributes_with_their_types(stopped, capsys):
     path, craft = stopped
     for edit, reason in [
-        (lambda checkpoint: layer(checkpoint, "TimeLimit").update(__dict__={}), "TimeLimit has other attributes than the rebuilt one"),
-        (lambda checkpoint: layer(checkpoint, "CartPoleEnv").update(step=0), "CartPoleEnv has other attributes than the rebuilt one"),
+        (lambda checkpoint: layer(checkpoint, "TimeLimit").update(__dict__={}),
+         "TimeLimit has other attributes than the rebuilt one"),
+        (lambda checkpoint: layer(checkpoint, "CartPoleEnv").update(step=0),
+         "CartPoleEnv has other attributes than the rebuilt one"),
         (lambda checkpoint: layer(checkpoint, "TimeLimit").update(_max_episode_steps=-1),
          "TimeLimit._max_episode_steps is -1, where these flags set 500"),
         (lambda checkpoint: layer(checkpoint, "CartPoleEnv").update(render_mode="human"),
@@ -152,8 +154,8 @@ def test_the_env_state_sets_only_its_layers_own_attributes_with_their_types(stop
         (lambda checkpoint: checkpoint["args"].update(num_envs="2"),
          r"^The checkpoint's flag num_envs is '2', which --num-envs cannot be \(<class 'int'>\)\.$"),
         (lambda checkpoint: checkpoint["args"].update(objective="bogus"), r"^The checkpoint's flag objective is "),
-        (lambda checkpoint: checkpoint["args"].update(num_envs=-2), r"^The checkpoint holds a flag that no command "
-                                                                   r"line could give: --num-envs must be in \[1, inf\)"),
+        (lambda checkpoint: checkpoint["args"].update(num_envs=-2),
+         r"^The checkpoint holds a flag that no command line could give: --num-envs must be in \[1, inf\)"),
         (lambda checkpoint: checkpoint["normalizers"]["advantages"].update(__dict__={}),
          r"^The checkpoint's advantages statistics does not hold the keys "),
         (lambda checkpoint: checkpoint["models"]["agent"].update({"critic.weight": torch.zeros(2, 64)}),
@@ -269,7 +271,7 @@ def test_the_checks_take_what_runs_save_observation_statistics_included(tmp_path
     trained = vmpo.train(vmpo.Args(env_id="Hopper-v5", num_envs=2, num_steps=64, num_minibatches=4,
                                    total_timesteps=128, cuda=False))
     saved = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["normalizers"]["obs_0"]
-    envs = vmpo.make_env(vmpo.Args(env_id="Hopper-v5", num_envs=1))
+    envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Hopper-v5", num_envs=1)))
     harness.load_normalizers(envs, {"obs_0": saved}, freeze=True)
     rms = harness.env_normalizers(envs)["obs_0"][1]
     assert saved["mean"].dtype == torch.float64 and np.array_equal(rms.mean, saved["mean"].numpy())

@@ -1,4 +1,4 @@
-"""The intended copies hold: STYLE.md keeps the pieces several scripts share (GAE, the IMPALA CNN and its init, the
+"""The intended copies hold: the project keeps the pieces several scripts share (GAE, the IMPALA CNN and its init, the
 shared losses, the minibatch layout, the reward normalizer, layer_init) written the same way in every script that
 has them, so that a diff of two scripts shows only their algorithmic difference and each still copies out alone."""
 import difflib

@@ -86,7 +86,7 @@ def test_heading_anchors_follow_githubs_rule(tmp_path):
 
 
 def test_the_docs_pages_are_there_and_linked():
-    # the pages SPEC.md's layout names, each linked from the README, so the check above covers real links
+    # the pages the project's layout has, each linked from the README, so the check above covers real links
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme_targets = link_targets(f.read())
     for page in ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er", "running", "torchrun", "speed",

@@ -560,7 +560,7 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
                              eval_deterministic=True))
     assert "(actions the policy's mode (--eval-deterministic))" in capsys.readouterr().out
     models = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["models"]
-    envs = module.make_env(module.Args(**{**config, "num_envs": 1}))
+    envs = module.make_env(module.SCRIPT.defaults(module.Args(**{**config, "num_envs": 1})))
     with torch.no_grad():
         for obs, actions in played:
             assert np.allclose(actions, mode_of(script, models, envs, torch.as_tensor(obs)).numpy())

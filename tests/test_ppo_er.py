@@ -402,7 +402,7 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[0].startswith("PPO with multi-batch experience replay (PPO-ER): Han & Sung")
     assert lines[1:5] == ["  env        Pendulum-v1", "  device     cpu (--no-cuda)",
                           f"  run dir    {result['run_dir']}",
-                          "  steps      256 in 2 iterations of N = 128 (2 actors x 64 steps); M = 32, L = 2"]
+                          "  steps      256 in 2 iterations of 128 (2 envs x 64 steps); N = 128, M = 32, L = 2"]
     assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
     assert len(lines) == 8 and lines[6].startswith("step 256/256 (100%)")
     model = os.path.join(result["run_dir"], "model.pt")

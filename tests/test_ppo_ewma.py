@@ -186,9 +186,9 @@ def test_every_divisor_of_the_paper_sweep_is_accepted():
     for c in (1, 4, 16, 64, 256):
         args = apply_batch_divisor(Args(batch_divisor=c))
         assert args.num_envs == 256 // c
-        # check_args takes the command line's flags; c = 256: one env, 8 minibatches of 32 timesteps
-        harness.check_args(Args(batch_divisor=c), ppo_ewma.SCRIPT)
-        assert harness.batch_sizes(args)[1] == 256 * 256 // c // 8
+        # check_args takes the run's Args; c = 256: one env, 8 minibatches of 32 timesteps
+        harness.check_args(args, ppo_ewma.SCRIPT)
+        assert args.num_envs * args.num_steps // args.num_minibatches == 256 * 256 // c // 8
 
 
 def test_every_numeric_flag_has_a_range():
@@ -431,7 +431,7 @@ class ProcgenLike:
 
 
 def official_scale(name):
-    """The norm each layer's output units get (Sec. 4 of SPEC.md; the official impala_cnn.py and ppg.py)."""
+    """The norm each layer's output units get (the official impala_cnn.py and ppg.py)."""
     if ".res" in name:
         return 6 ** -0.25  # residual convs: (1/sqrt(3 stacks * 2 blocks))^(1/2) = 0.6389
     if name.endswith(".conv"):

@@ -287,8 +287,8 @@ def test_workers_of_a_divided_batch_must_divide_the_divided_num_envs(tmp_path, m
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "4")
     # --batch-divisor 2 leaves 4 of the 8 envs, 2 per worker: fine; --batch-divisor 4 leaves 2 envs for 4 workers
-    with pytest.raises(SystemExit, match=r"^--num-envs 8 / --batch-divisor 4 = 2 is the total over all workers, so it "
-                                         r"must be a multiple of the 4 torchrun workers\.$"):
+    with pytest.raises(SystemExit, match=r"^--num-envs 8, adjusted to 2, is the total over all workers, so it must be "
+                                         r"a multiple of the 4 torchrun workers\.$"):
         ppo_ewma.train(ppo_ewma.Args(**dict(CONFIGS["ppo_ewma"], batch_divisor=4, num_minibatches=1)))
     assert not os.path.exists("runs")
 
@@ -324,7 +324,7 @@ def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     module = importlib.import_module(name)
     args = module.Args(**CONFIGS[name])
     monkeypatch.setenv("WORLD_SIZE", "1")  # without torchrun's LOCAL_RANK: one process, no group
-    assert harness.start_workers(args, module.SCRIPT) == (0, 1) and not dist.is_initialized()
+    assert harness.start_workers(args, args, module.SCRIPT) == (0, 1) and not dist.is_initialized()
     # worker r gets 4 envs and seed 1 + 4 r; Gymnasium seeds env i with seed + i: envs 1-4 and 5-8, as one process
     shares = [module.SCRIPT.worker_share(args, rank, 2) for rank in (0, 1)]
     assert [(share.num_envs, share.seed) for share in shares] == [(4, 1), (4, 5)]

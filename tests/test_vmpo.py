@@ -362,7 +362,7 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     ("CartPole-v1", None, False), ("CartPole-v1", True, True),  # off for Discrete ones
 ])
 def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
-    envs = vmpo.make_env(vmpo.Args(env_id=env_id, num_envs=1, norm_obs=norm_obs, cuda=False))
+    envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id=env_id, num_envs=1, norm_obs=norm_obs, cuda=False)))
     first, _ = envs.reset(seed=0)
     assert ("obs_0" in harness.env_normalizers(envs)) == normalized
     if normalized:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
@@ -373,8 +373,19 @@ def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
     envs.close()
 
 
+def test_no_norm_reward_hands_the_raw_reward_on():
+    envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Pendulum-v1", norm_reward=False, num_envs=1)))
+    assert set(harness.env_normalizers(envs)) == {"obs_0"}
+    # not clipped to +-10: Pendulum at theta = pi, theta_dot = 8, torque 0 gives -(pi^2 + 0.1 * 8^2 + 0.001 * 0^2)
+    # = -(9.8696 + 6.4) = -16.2696
+    envs.reset(seed=0)
+    envs.unwrapped.envs[0].unwrapped.state = np.array([np.pi, 8.0])
+    assert envs.step(np.zeros((1, 1), dtype=np.float32))[1][0] == pytest.approx(-16.2696, abs=1e-4)
+    envs.close()
+
+
 def test_box_actions_have_separate_policy_and_value_mlps_of_256_units():
-    envs = vmpo.make_env(vmpo.Args(env_id="Pendulum-v1", num_envs=1, cuda=False))
+    envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Pendulum-v1", num_envs=1, cuda=False)))
     agent = vmpo.Agent(envs)
     widths = lambda net: [m.out_features for m in net if isinstance(m, torch.nn.Linear)]  # noqa: E731
     assert widths(agent.torso) == widths(agent.value_torso) == [256, 256]
@@ -388,12 +399,12 @@ def test_box_actions_have_separate_policy_and_value_mlps_of_256_units():
     (mean.sum() + std.sum()).backward()  # and the policy's gradient reaches nothing of the value's
     assert all(p.grad is None for p in [*agent.value_torso.parameters(), *agent.critic.parameters()])
     assert all(p.grad is not None for p in policy_params)
-    discrete = vmpo.Agent(vmpo.make_env(vmpo.Args(env_id="CartPole-v1", num_envs=1, cuda=False)))
+    discrete = vmpo.Agent(vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="CartPole-v1", num_envs=1, cuda=False))))
     assert discrete.value_torso is None and widths(discrete.torso) == [64, 64]  # one torso, as before
 
 
 def test_state_independent_std_is_one_learned_vector_with_the_default_initial_std():
-    envs = vmpo.make_env(vmpo.Args(env_id="HalfCheetah-v5", num_envs=1, cuda=False))
+    envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="HalfCheetah-v5", num_envs=1, cuda=False)))
     torch.manual_seed(0)
     default, independent = vmpo.Agent(envs), vmpo.Agent(envs, state_dependent_std=False)
     obs = torch.randn(4, 17)
@@ -410,7 +421,7 @@ def test_state_independent_std_is_one_learned_vector_with_the_default_initial_st
 
 def test_observation_and_reward_statistics_round_trip_and_freeze():
     # Pendulum normalizes observations (per env) and rewards; run 50 steps, save, load into a fresh stack
-    args = vmpo.Args(env_id="Pendulum-v1", num_envs=2, num_steps=8, num_minibatches=2, cuda=False)
+    args = vmpo.with_defaults(vmpo.Args(env_id="Pendulum-v1", num_envs=2, num_steps=8, num_minibatches=2, cuda=False))
     envs = vmpo.make_env(args)
     envs.reset(seed=0)
     for _ in range(50):
