@@ -52,7 +52,7 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)",
     "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)",
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
-OUTPUT_FLAGS = ("cuda", "save_model", "checkpoint_every")  # the flags --resume always takes from its command line
+OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every")  # --resume always takes these from its command line
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # --resume: from its command line where given there
 EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
               *TRACKING_FLAGS)
@@ -73,6 +73,9 @@ class RunArgs:
     """set torch.backends.cudnn.deterministic"""
     cuda: bool = True
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
+    bf16: bool = False
+    """run the IMPALA CNN in bfloat16 under autocast, the weights, losses and Adam staying float32 (image observations
+    only): every pass on the CPU, the update's on a GPU (docs/speed.md); like --cuda, --resume may change it"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
     save_model: bool = True
@@ -122,7 +125,8 @@ def worker_share(args, rank: int, world_size: int):
 
 @dataclass
 class Saved:
-    """The script's objects that a checkpoint holds, each {name: object}; None entries are left out."""
+    """The script's objects that a checkpoint holds, each {name: object}; None entries are left out. The checkpoint
+    also holds the env stack's own state and statistics (NormalizeObservation's, NormalizeReward's) and the RNGs."""
 
     models: dict  # modules (their state dicts)
     optimizers: dict  # optimizers (their state dicts)
@@ -351,6 +355,9 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     seed_everything(run_args.seed)
     torch.backends.cudnn.deterministic = run_args.torch_deterministic
     device, device_note = choose_device(args.cuda)
+    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
+        print("warning: --bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32 "
+              "(docs/speed.md).")
     envs = script.make_env(run_args)
     tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
     run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
@@ -606,7 +613,11 @@ def resume_command(script: Script, args, path: str) -> str:
 def check_args(args, script: Script) -> None:
     """Stop with one sentence naming the flag before any work is done and before a run directory exists (args: the
     run's hyperparameters)."""
-    script.check_args(args, *check_spaces(args.env_id, script))
+    observation_space, action_space = check_spaces(args.env_id, script)
+    if args.bf16 and not is_image(observation_space):
+        raise SystemExit(f"--bf16 runs the IMPALA CNN of image observations in bfloat16; --env-id {args.env_id} has "
+                         f"vector ones, whose MLP it would not speed up (docs/speed.md).")
+    script.check_args(args, observation_space, action_space)
     iteration = args.num_envs * args.num_steps
     if args.total_timesteps < iteration:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
@@ -772,6 +783,15 @@ def choose_device(cuda: bool) -> tuple:
     if cuda:
         return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
     return torch.device("cpu"), "cpu (--no-cuda)"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bfloat16 instructions (Linux's /proc/cpuinfo flags avx512_bf16 or amx_bf16)."""
+    if not os.path.exists("/proc/cpuinfo"):
+        return False
+    with open("/proc/cpuinfo") as cpuinfo:
+        flags = next((line.split() for line in cpuinfo if line.startswith("flags")), [])
+    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def tune_cpu(device, torch_threads: int, obs_shape) -> None:
@@ -1161,12 +1181,20 @@ def load_weights(module, models: dict, name: str) -> None:
 
 def load_optimizer(optimizer, state, name: str) -> None:
     """optimizer.load_state_dict once the saved state fits: the same groups of the same parameters with their
-    settings, and for each parameter only scalars and tensors of its own shape; one sentence otherwise."""
+    settings, and for each parameter only scalars and tensors of its own shape; one sentence otherwise. How the step
+    runs (foreach, fused, ...: the same numbers) is this run's own choice, not the checkpoint's."""
     own = optimizer.state_dict()
+    implementation = {key: own["param_groups"][0][key] for key in ("foreach", "fused", "capturable", "differentiable")
+                      if key in own["param_groups"][0]}
     try:
-        if not (isinstance(state, dict) and sorted(state, key=repr) == ["param_groups", "state"]):
+        if not (isinstance(state, dict) and sorted(state, key=repr) == ["param_groups", "state"]
+                and isinstance(state["param_groups"], list)):
             raise ValueError("is not an optimizer's state")
-        groups = restored(state["param_groups"], own["param_groups"])
+        groups = restored([{key: value for key, value in group.items() if key not in implementation}
+                           if isinstance(group, dict) else group for group in state["param_groups"]],
+                          [{key: value for key, value in group.items() if key not in implementation}
+                           for group in own["param_groups"]])
+        groups = [{**group, **implementation} for group in groups]
         if [group["params"] for group in groups] != [group["params"] for group in own["param_groups"]]:
             raise ValueError("holds other parameters")
         shapes = {index: param.shape for index, param in

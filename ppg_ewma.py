@@ -34,7 +34,7 @@ import harness
 
 
 @dataclass
-class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
+class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
@@ -387,7 +387,7 @@ def train(args: Args) -> dict:
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
     args, envs, device, writer = run.args, run.envs, run.device, run.writer
 
-    policy, value_net = PolicyNetwork(envs).to(device), ValueNetwork(envs).to(device)
+    policy, value_net = PolicyNetwork(envs, args.bf16).to(device), ValueNetwork(envs, args.bf16).to(device)
     harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
     # PPG-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
     # (Appendix A), reset to theta at every policy phase's start
@@ -402,10 +402,10 @@ def train(args: Args) -> dict:
     # one Adam for both networks: zero_grad() leaves the other network's gradients None, which Adam skips
     parameters = list(policy.parameters()) + list(value_net.parameters())
     optimizer = torch.optim.Adam(parameters, lr=args.learning_rate, eps=args.adam_eps,
-                                 betas=(args.adam_beta1, args.adam_beta2))
+                                 betas=(args.adam_beta1, args.adam_beta2), foreach=True)
     # Appendix B adjusts only the auxiliary phase's step size, so its Adam keeps the unadjusted betas
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
-                                     betas=(flags.adam_beta1, flags.adam_beta2))
+                                     betas=(flags.adam_beta1, flags.adam_beta2), foreach=True)
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
@@ -426,6 +426,7 @@ def train(args: Args) -> dict:
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds (with the EWMA weight w), restored with --resume; checkpoints are taken only where a
     # phase ends (its buffer is then spent), the first phase end at or after every --checkpoint-every iterations
+    # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     saved = harness.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
                           optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments,
@@ -620,10 +621,13 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
+    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
+    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
 
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+    def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
+        self.bf16 = bf16
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
@@ -635,15 +639,17 @@ class ImpalaCNN(nn.Module):
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+        bf16 = self.bf16 and (obs.device.type == "cpu" or torch.is_grad_enabled())
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=bf16):
+            # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+            x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+            return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
-def make_torso(obs_shape):
+def make_torso(obs_shape, bf16=False):
     """IMPALA CNN for images, 64-64 tanh MLP for vectors; returns (module, feature size)."""
     if len(obs_shape) == 3:
-        return ImpalaCNN(obs_shape[-1]).to(memory_format=torch.channels_last), 256  # ~1.8x faster on CPU
+        return ImpalaCNN(obs_shape[-1], bf16=bf16).to(memory_format=torch.channels_last), 256  # ~1.8x faster on CPU
     return nn.Sequential(
         layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
     ), 64
@@ -659,9 +665,9 @@ def make_head(torso, hidden, outputs, mlp_std):
 class PolicyNetwork(nn.Module):
     """PPG's policy network: torso, policy head and the auxiliary value head V_theta_pi."""
 
-    def __init__(self, envs):
+    def __init__(self, envs, bf16=False):
         super().__init__()
-        self.torso, hidden = make_torso(envs.single_observation_space.shape)
+        self.torso, hidden = make_torso(envs.single_observation_space.shape, bf16)
         self.actor = make_head(self.torso, hidden, envs.single_action_space.n, mlp_std=0.01)
         self.aux_critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
 
@@ -676,9 +682,9 @@ class PolicyNetwork(nn.Module):
 class ValueNetwork(nn.Module):
     """PPG's separate value network V_theta_V: its own torso, so value training never disturbs the policy."""
 
-    def __init__(self, envs):
+    def __init__(self, envs, bf16=False):
         super().__init__()
-        self.torso, hidden = make_torso(envs.single_observation_space.shape)
+        self.torso, hidden = make_torso(envs.single_observation_space.shape, bf16)
         self.critic = make_head(self.torso, hidden, 1, mlp_std=1.0)
 
     def forward(self, obs):
@@ -690,8 +696,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
     resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
     new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
-    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
-        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
+        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:  # Dict, Tuple and n-D Box observations flattened, ints as float32
         envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
                             wrappers=[harness.vector_observations],

@@ -28,7 +28,7 @@ import harness
 
 
 @dataclass
-class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
+class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the experiment: MuJoCo, 1M steps
     env_id: str = "HalfCheetah-v5"
     """a Gymnasium env with vector observations and continuous (Box) actions"""
@@ -170,7 +170,7 @@ def train(args: Args) -> dict:
     envs, device, writer = run.envs, run.device, run.writer
 
     agent = Agent(envs).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
     replay = ReplayMemory(args.replay_batches)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     action_low = torch.as_tensor(envs.single_action_space.low, device=device)
@@ -184,6 +184,7 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
+    # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     if run.checkpoint is not None:  # the stored batches, each checked against this run's rollout buffers

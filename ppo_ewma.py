@@ -39,7 +39,7 @@ import harness
 
 
 @dataclass
-class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
+class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or any id gym.make takes (`module:EnvId` too) with Box, Dict or Tuple observations and
@@ -336,7 +336,7 @@ def train(args: Args) -> dict:
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
     args, envs, device, writer = run.args, run.envs, run.device, run.writer
 
-    agent = Agent(envs).to(device)
+    agent = Agent(envs, args.bf16).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     # PPO-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
     # (Appendix A), theta_prox = theta at the start
@@ -349,7 +349,7 @@ def train(args: Args) -> dict:
         return harness.in_chunks(ewma_agent.get_pi, obs, 64 if device.type == "cpu" else len(obs))
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
-                                 betas=(args.adam_beta1, args.adam_beta2))
+                                 betas=(args.adam_beta1, args.adam_beta2), foreach=True)
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
@@ -367,12 +367,13 @@ def train(args: Args) -> dict:
     actions = torch.zeros(rollout_shape + action_shape, dtype=action_dtype, device=device)
     pi_size = 2 * int(np.prod(action_shape)) if continuous else sum(nvec) if nvec else action_space.n
     behav_pis = torch.zeros(rollout_shape + (pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
-    behav_logps, rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(4))
+    rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
+    # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments,
                                        "noise_scale": noise_scale})
@@ -393,7 +394,6 @@ def train(args: Args) -> dict:
                 step_pi, values[step] = agent(next_obs)
             action = sample_actions(step_pi, continuous, nvec)
             actions[step], behav_pis[step] = action, step_pi
-            behav_logps[step] = policy_log_prob_and_entropy(step_pi, action, continuous, nvec)[0]
 
             env_action = torch.clamp(action, action_low, action_high) if continuous else action
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
@@ -418,7 +418,8 @@ def train(args: Args) -> dict:
                                           args.gamma, args.gae_lambda)
         b_obs = obs.reshape((-1,) + obs_shape)
         b_actions, b_behav_pis = actions.reshape((-1,) + action_shape), behav_pis.reshape(-1, pi_size)
-        b_behav_logps, b_advantages = behav_logps.reshape(-1), advantages.reshape(-1)
+        b_behav_logps = policy_log_prob_and_entropy(b_behav_pis, b_actions, continuous, nvec)[0]  # log pi_behav(a|s)
+        b_advantages = advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
             adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
@@ -557,10 +558,13 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
+    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
+    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
 
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+    def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
+        self.bf16 = bf16
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
@@ -572,9 +576,11 @@ class ImpalaCNN(nn.Module):
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+        bf16 = self.bf16 and (obs.device.type == "cpu" or torch.is_grad_enabled())
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=bf16):
+            # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+            x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+            return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
 def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
@@ -588,7 +594,7 @@ class Agent(nn.Module):
     a state-independent log-std. The policy's parameters pi, [B, P]: logits (MultiDiscrete: each sub-action's side by
     side), or the mean and log-std side by side."""
 
-    def __init__(self, envs):
+    def __init__(self, envs, bf16=False):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
@@ -601,7 +607,7 @@ class Agent(nn.Module):
             return
         num_actions = sum(self.nvec) if multi else action_space.n
         if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
-            self.torso = ImpalaCNN(obs_shape[-1])
+            self.torso = ImpalaCNN(obs_shape[-1], bf16=bf16)
             self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
@@ -633,8 +639,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
     resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
     new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
-    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
-        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
+        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:
         wrappers = [harness.vector_observations]  # Dict, Tuple and n-D Box observations flattened, ints as float32
         if args.norm_obs:  # by each env's running mean and std, inside the autoreset so that final_obs is too; +-10

@@ -29,7 +29,7 @@ import harness
 
 
 @dataclass
-class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
+class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the paper's experiment (Sec. 5.1): Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and discrete actions (CartPole-v1)"""
@@ -240,10 +240,10 @@ def train(args: Args) -> dict:
     args, envs, device, writer = run.args, run.envs, run.device, run.writer
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
-    agent = Agent(envs).to(device)
+    agent = Agent(envs, args.bf16).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
-                                 betas=(args.adam_beta1, args.adam_beta2))
+                                 betas=(args.adam_beta1, args.adam_beta2), foreach=True)
     queue = StaleQueue(args.staleness)
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
@@ -253,7 +253,7 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
-    # what a checkpoint holds, restored with --resume (the queue is not: it warms up again, see count_iterations)
+    # what a checkpoint holds besides the envs and RNGs, restored with --resume (not the queue: see count_iterations)
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
@@ -423,10 +423,13 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
+    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
+    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
 
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+    def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
+        self.bf16 = bf16
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
@@ -438,19 +441,21 @@ class ImpalaCNN(nn.Module):
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+        bf16 = self.bf16 and (obs.device.type == "cpu" or torch.is_grad_enabled())
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=bf16):
+            # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+            x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+            return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
 class Agent(nn.Module):
     """Shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads."""
 
-    def __init__(self, envs):
+    def __init__(self, envs, bf16=False):
         super().__init__()
         obs_shape, num_actions = envs.single_observation_space.shape, envs.single_action_space.n
         if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
-            self.torso = ImpalaCNN(obs_shape[-1])
+            self.torso = ImpalaCNN(obs_shape[-1], bf16=bf16)
             self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
@@ -476,8 +481,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
     resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
     new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
-    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
-        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
+        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:  # Dict, Tuple and n-D Box observations flattened, ints as float32
         envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
                             wrappers=[harness.vector_observations],

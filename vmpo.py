@@ -37,7 +37,7 @@ MULTIPLIER_MIN = 1e-8  # eta_min = alpha_min (Sec. 4.2.2)
 
 
 @dataclass
-class Args(harness.RunArgs):  # the run flags (seed, device, checkpoints, resume, evaluation): harness.RunArgs
+class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the experiment: Procgen (the paper has none: ppo_ewma.py's setting), or a Gymnasium env
     env_id: str = "starpilot"
     """a Procgen game, or a Gymnasium env with vector observations and Discrete or Box actions"""
@@ -247,7 +247,7 @@ def train(args: Args) -> dict:
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
-    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
+    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std, args.bf16).to(device)
     target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
     # the M-step's KL bounds eps_alpha: one for categoricals, the mean's and the std's for Gaussians (Appendix C)
     if agent.continuous:
@@ -262,7 +262,7 @@ def train(args: Args) -> dict:
     optimizer = torch.optim.Adam(
         [{"params": agent.parameters()},
          {"params": list(multipliers.values()), "lr": args.multiplier_lr or args.learning_rate}],
-        lr=args.learning_rate, eps=args.adam_eps,
+        lr=args.learning_rate, eps=args.adam_eps, foreach=True,
     )
 
     # rollout storage
@@ -276,6 +276,7 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
+    # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     saved = harness.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
                           optimizers={"optimizer": optimizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
@@ -428,10 +429,13 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] features."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
+    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
+    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
 
-    def __init__(self, in_channels=3, channels=(16, 32, 32)):
+    def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
+        self.bf16 = bf16
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
@@ -443,9 +447,11 @@ class ImpalaCNN(nn.Module):
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
-        # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
-        x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
-        return torch.relu(self.fc(torch.relu(torch.flatten(x, 1))))
+        bf16 = self.bf16 and (obs.device.type == "cpu" or torch.is_grad_enabled())
+        with torch.autocast(obs.device.type, torch.bfloat16, enabled=bf16):
+            # permute(0, 3, 1, 2) of an HWC batch is already a channels-last NCHW tensor: no copy
+            x = self.stacks(obs.permute(0, 3, 1, 2).float() / 255.0)
+            return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
 def mlp(in_dim, hidden):
@@ -463,7 +469,7 @@ class Agent(nn.Module):
     The policy's parameters pi, [B, P]: categorical logits, or a Gaussian's mean and std side by side.
     """
 
-    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True):
+    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True, bf16=False):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
@@ -472,7 +478,7 @@ class Agent(nn.Module):
             hidden = 256
             self.torso, self.value_torso = mlp(obs_shape[0], hidden), mlp(obs_shape[0], hidden)
         elif len(obs_shape) == 3:
-            self.torso, hidden = ImpalaCNN(obs_shape[-1]), 256
+            self.torso, hidden = ImpalaCNN(obs_shape[-1], bf16=bf16), 256
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:
             self.torso, hidden = mlp(obs_shape[0], 64), 64
@@ -523,8 +529,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     bootstraps from. Rewards are scaled by Gymnasium's NormalizeReward (the paper scales none and relies on PopArt;
     the batch size-invariance scripts use the official code's RewardNormalizer instead), after the raw-score
     episode statistics are recorded, then clipped to +-10; --no-norm-reward hands the raw rewards on."""
-    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions, levels
-        envs = harness.procgen_envs(args, render_mode)  # from --seed; a time-out ends a level (no truncation)
+    if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
+        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:
         wrappers = [harness.vector_observations]  # Dict, Tuple and n-D Box observations flattened, ints as float32
         if args.norm_obs:  # by each env's running mean and std, inside the autoreset so that final_obs is too; +-10
