@@ -424,9 +424,9 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype)
     next_done = torch.zeros(args.num_envs, device=device)
-    # what a checkpoint holds (with the EWMA weight w), restored with --resume; checkpoints are taken only where a
-    # phase ends (its buffer is then spent), the first phase end at or after every --checkpoint-every iterations
-    # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
+    # what a checkpoint holds (with the EWMA weight w, the env stack's state and statistics and the RNGs), restored
+    # with --resume; checkpoints are taken only where a phase ends (its buffer is then spent), the first phase end
+    # at or after every --checkpoint-every iterations
     saved = harness.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
                           optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments,

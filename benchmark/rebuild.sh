@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every table and figure of the README and docs/ from the run data committed in benchmark/results/, without event
-# files: each experiment's script with --plot (tables printed, PNGs into docs/img/). An experiment whose data is
-# not committed yet is named and skipped.
+# files: each experiment's script with --plot (tables printed, PNGs into docs/img/), then the algorithm pages'
+# figures (benchmark/figures.py). An experiment whose data is not committed yet is named and skipped.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 for name in recipes ewma invariance regime staleness vmpo ppo_er torchrun mujoco mujoco_ewma vmpo_mujoco; do
@@ -12,3 +12,5 @@ for name in recipes ewma invariance regime staleness vmpo ppo_er torchrun mujoco
   echo "## $name"
   bash "$ROOT/benchmark/$name.sh" --plot
 done
+echo "## the algorithm pages' figures"
+python "$ROOT/benchmark/figures.py"

@@ -147,3 +147,59 @@ def test_each_recipe_in_the_docs_is_the_one_in_help(script):
         assert args in in_help.values(), f"docs: {command}"
     for command, args in in_help.items():  # and every recipe of --help is in the docs
         assert args in in_docs.values(), f"--help: {command}"
+
+
+# ------------------------------------------------------- the algorithm pages' references to the scripts' lines
+REFERENCE = re.compile(r"\[`([^`]+)`\]\(\.\./(\w+)\.py#L(\d+)-L(\d+)\)")  # [`name`](../script.py#L1-L9)
+
+
+def stale_references(markdown, root=ROOT):
+    """The references [`name`](../script.py#LA-LB) of a page whose lines no longer hold what they name, each with
+    the lines they should say. `name` is a function, class or Class.method: A-B must be its whole source (decorators
+    included); or a comment of train() that opens a block: line A must hold it, and the block end at B, before a
+    blank line or a line indented less."""
+    import importlib
+    import inspect
+
+    stale = []
+    for name, script, first, last in REFERENCE.findall(markdown):
+        first, last = int(first), int(last)
+        with open(os.path.join(root, f"{script}.py"), encoding="utf-8") as f:
+            lines = f.read().splitlines()
+        if name.startswith("#"):
+            starts = [i + 1 for i, line in enumerate(lines) if line.strip().startswith(name)]
+            indent = len(lines[first - 1]) - len(lines[first - 1].lstrip()) if first <= len(lines) else 0
+            after = lines[last] if last < len(lines) else ""
+            ends = not after.strip() or len(after) - len(after.lstrip()) < indent
+            if first not in starts or not ends or not all(lines[i].strip() for i in (first - 1, last - 1)):
+                stale.append(f"{script}.py: `{name}` opens line {starts or 'none'}, not the block {first}-{last}")
+            continue
+        obj = importlib.import_module(script)
+        for part in name.split("."):
+            obj = getattr(obj, part)
+        source, start = inspect.getsourcelines(obj)
+        if (first, last) != (start, start + len(source) - 1):
+            stale.append(f"{script}.py: `{name}` is lines {start}-{start + len(source) - 1}, not {first}-{last}")
+    return stale
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda p: os.path.relpath(p, ROOT))
+def test_references_to_the_scripts_lines_hold(page):
+    with open(page, encoding="utf-8") as f:
+        assert stale_references(f.read()) == []
+
+
+def test_a_reference_that_has_moved_is_reported(tmp_path):
+    (tmp_path / "algo.py").write_text("def first():\n    return 1\n\n\ndef train():\n    # rollout\n    x = 1\n\n"
+                                      "    # update\n    y = 2\n")
+    page = ("[`first`](../algo.py#L1-L2) [`first`](../algo.py#L1-L3) [`# rollout`](../algo.py#L6-L7) "
+            "[`# rollout`](../algo.py#L6-L6) [`# update`](../algo.py#L8-L10)")
+    import sys
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert stale_references(page, root=str(tmp_path)) == [
+            "algo.py: `first` is lines 1-2, not 1-3", "algo.py: `# rollout` opens line [6], not the block 6-6",
+            "algo.py: `# update` opens line [9], not the block 8-10"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("algo", None)

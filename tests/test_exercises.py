@@ -1,0 +1,90 @@
+"""docs/exercises.md: each exercise's check runs the project's own tests against a file of the student's (--impl, in
+conftest.py). Handed in that way, the scripts' own functions pass every exercise; a wrong one fails; a misnamed one
+is refused before any test runs."""
+import importlib
+import inspect
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HEADER = "import math\nfrom collections import deque\n\nimport torch\nimport torch.nn as nn\n\n\n"
+
+
+def exercises():
+    """[(title, names the student writes, the check's pytest arguments)] of docs/exercises.md. The names: each
+    backticked `name(` or `class Name` of the Write line that is a module-level function or class of a script
+    whose tests the check runs."""
+    with open(os.path.join(ROOT, "docs", "exercises.md"), encoding="utf-8") as file:
+        sections = file.read().split("\n## ")[1:]
+    found = []
+    for section in sections:
+        write = re.search(r"^- Write: (.*?)^- Read first", section, re.S | re.M).group(1)
+        check = shlex.split(re.search(r"^- Check: `(python -m pytest .*)`$", section, re.M).group(1))[3:]
+        scripts = [importlib.import_module(re.match(r"tests/test_(\w+)\.py$", word).group(1))
+                   for word in check if word.startswith("tests/")]
+        candidates = re.findall(r"`(?:class )?([A-Za-z]\w*)[(`]", write)
+        names = [name for name in dict.fromkeys(candidates) if any(
+            inspect.isfunction(getattr(script, name, None)) or inspect.isclass(getattr(script, name, None))
+            for script in scripts)]
+        found.append((section.splitlines()[0], names, check))
+    return found
+
+
+def own_file(names, path):
+    """A student's file that holds the scripts' own code of `names`: what the checks must accept."""
+    sources = []
+    for name in names:
+        script = next(module for module in map(importlib.import_module, ("ppo_ewma", "ppg_ewma", "ppo_staleness",
+                                                                           "vmpo", "ppo_er")) if hasattr(module, name))
+        sources.append(inspect.getsource(getattr(script, name)))
+    with open(path, "w") as file:
+        file.write(HEADER + "\n\n".join(sources))
+
+
+def pytest_run(args, cwd):
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          capture_output=True, text=True)
+
+
+def test_every_exercise_names_what_to_write_and_selects_tests_of_it():
+    found = exercises()
+    assert len(found) >= 8
+    for title, names, check in found:
+        assert names, f"exercise {title!r}: no function or class of the scripts to write"
+        files, selection = [w for w in check if w.startswith("tests/")], check[check.index("-k") + 1]
+        test_names = re.findall(r"^def (test_\w+)", "".join(open(os.path.join(ROOT, f)).read() for f in files), re.M)
+        for word in re.split(r"\s+or\s+", selection.strip('"')):  # pytest -k: a substring of a test's name
+            assert any(word in name for name in test_names), f"exercise {title!r}: -k {word} selects no test"
+
+
+def test_the_scripts_own_functions_pass_every_exercise(tmp_path):
+    args, files, selections = [], set(), []
+    for number, (_, names, check) in enumerate(exercises()):
+        path = tmp_path / f"own_{number}.py"
+        own_file(names, path)
+        args += ["--impl", str(path)]
+        files.update(os.path.join(ROOT, word) for word in check if word.startswith("tests/"))
+        selections.append(f"({check[check.index('-k') + 1]})")
+    result = pytest_run([*sorted(files), "-k", " or ".join(selections), *args], cwd=ROOT)
+    assert result.returncode == 0, result.stdout[-3000:]
+    replaced = re.search(r"^--impl: yours in place of (.*)$", result.stdout, re.M).group(1).split(", ")
+    assert {name.split(".")[1] for name in replaced} == {name for _, names, _ in exercises() for name in names}
+
+
+def test_a_wrong_function_fails_its_exercise_and_a_misnamed_one_is_refused(tmp_path):
+    (_, names, check), = [exercise for exercise in exercises() if exercise[1] == ["compute_gae"]]
+    wrong = tmp_path / "my_gae.py"
+    own_file(names, wrong)  # the script's GAE, with the episode boundary forgotten in the recursion
+    text = wrong.read_text()
+    assert "gamma * gae_lambda * next_nonterminal * last_gae" in text
+    wrong.write_text(text.replace("gamma * gae_lambda * next_nonterminal * last_gae", "gamma * gae_lambda * last_gae"))
+    check = [os.path.join(ROOT, word) if word.startswith("tests/") else word for word in check]
+    result = pytest_run([*check[:-1], str(wrong)], cwd=tmp_path)
+    assert result.returncode == 1 and re.search(r"\d+ failed", result.stdout), result.stdout[-2000:]
+    misnamed = tmp_path / "my_gae2.py"
+    misnamed.write_text("def gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):\n    pass\n")
+    result = pytest_run([*check[:-1], str(misnamed)], cwd=tmp_path)
+    assert result.returncode == 4 and "defines gae, none of which a script has" in result.stderr
