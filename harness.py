@@ -464,16 +464,18 @@ class Run:
         self.start_step, self.start_time = global_step, time.time()
         self.progress = Progress(self.num_iterations * self.world_size * self.args.num_envs * self.args.num_steps,
                                  global_step)
+        self.last_returns = list(self.episode_returns)  # the progress line's
         return global_step, first_iteration, next_obs, next_done
 
     def after_step(self, global_step: int, info: dict) -> None:
         """After each vector env step: note the episodes that ended (RecordEpisodeStatistics' raw score) and move
         the progress bar."""
-        if "episode" in info:
+        if "episode" in info:  # the last 100 returns change only where an episode ends
             for i in np.flatnonzero(info["_episode"]):
                 self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
-        recent = [episode_return for _, episode_return, _ in self.episodes[-100:]]  # this worker's, as they end
-        self.progress.update(global_step, (list(self.episode_returns) + recent)[-100:])
+            recent = [episode_return for _, episode_return, _ in self.episodes[-100:]]  # this worker's, as they end
+            self.last_returns = (list(self.episode_returns) + recent)[-100:]
+        self.progress.update(global_step, self.last_returns)
 
     def end_rollout(self) -> None:
         """Log the rollout's finished episodes (torchrun: every worker's, in step order)."""
@@ -1013,6 +1015,11 @@ def given_flags(args, script: Script) -> set:
     return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
 
 
+def flag_names(names) -> str:
+    """ "--a, --b-c" of the fields a, b_c."""
+    return ", ".join("--" + name.replace("_", "-") for name in names)
+
+
 def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
     """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
     would import (run) that module, so it is used only where this command line names the same id."""
@@ -1034,10 +1041,9 @@ def resume_from(args, script: Script) -> tuple:
     given = given_flags(args, script)
     refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
     if refused:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop "
-                         f"{', '.join('--' + name.replace('_', '-') for name in refused)} (only --cuda, "
-                         f"--save-model, --checkpoint-every, --track and the W&B names may be given with --resume, "
-                         f"and --env-id as the checkpoint's own).")
+        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
+                         f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
+                         f"checkpoint's own).")
     checkpoint = load_checkpoint(args.resume, "--resume", script)
     resumed = checkpoint_args(checkpoint, script)
     confirm_env_id(resumed.env_id, given, args, "--resume")
@@ -1419,9 +1425,8 @@ def evaluate(args, script: Script) -> dict:
     refused = sorted(given - {"env_id", *EVAL_FLAGS})
     if refused:
         raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
-                         f"{', '.join('--' + name.replace('_', '-') for name in refused)} (it takes --seed, "
-                         f"--eval-episodes, --eval-deterministic, --capture-video, --cuda, --track and the W&B names, "
-                         f"and --env-id as the checkpoint's own).")
+                         f"{flag_names(refused)} (it takes {flag_names(EVAL_FLAGS[1:])}, and --env-id as the "
+                         f"checkpoint's own).")
     check_tracking(args)
     if args.capture_video:
         check_video_dependency()

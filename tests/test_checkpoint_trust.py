@@ -199,10 +199,10 @@ def test_runs_never_share_a_directory_nor_overwrite_a_newer_checkpoint(stopped, 
 def test_a_flag_on_the_command_line_that_the_run_would_not_use_is_refused(stopped, monkeypatch):
     path, craft = stopped
     with pytest.raises(SystemExit, match=r"^--resume continues the run with the checkpoint's own flags; drop "
-                                         r"--learning-rate \(only --cuda"):
+                                         r"--learning-rate \(it takes --cuda, --bf16, --save-model"):
         command_line(monkeypatch, "--resume", path, "--learning-rate", "5e-4")  # the default's value, given
     with pytest.raises(SystemExit, match=r"^--eval-checkpoint plays the checkpoint's policy on its own env and flags; "
-                                         r"drop --num-envs \(it takes --seed"):
+                                         r"drop --num-envs \(it takes --eval-episodes, --eval-deterministic, --seed"):
         command_line(monkeypatch, "--eval-checkpoint", path, "--env-id", "Acrobot-v1", "--num-envs", "7")
     with pytest.raises(SystemExit, match=r"^--env-id Acrobot-v1 is not the checkpoint's env id 'CartPole-v1'"):
         command_line(monkeypatch, "--eval-checkpoint", path, "--env-id", "Acrobot-v1")
