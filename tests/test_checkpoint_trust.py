@@ -217,10 +217,11 @@ def test_eval_checkpoint_with_track_logs_the_evaluation_to_wandb(stopped, monkey
     path, _ = stopped
     monkeypatch.setenv("WANDB_MODE", "offline")  # no account, no network
     monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb.teardown()  # W&B's process-wide state keeps the directory of its first run: this test starts its own
     try:
         command_line(monkeypatch, "--eval-checkpoint", path, "--eval-episodes", "2", "--track", "--no-cuda")
     finally:
-        wandb.teardown()  # W&B's process-wide state keeps its first directory: the next test starts its own
+        wandb.teardown()
     (offline_run,) = glob.glob("wandb/offline-run-*/*.wandb")
     deadline = time.time() + 30
     while b"eval/mean_return" not in open(offline_run, "rb").read():  # W&B's service writes it a little after

@@ -568,9 +568,10 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
 
 
 def test_track_logs_to_an_offline_wandb_run_that_resume_continues(tmp_path, monkeypatch):
-    pytest.importorskip("wandb", reason="--track needs wandb, which the GPU kit does not carry")
+    wandb = pytest.importorskip("wandb", reason="--track needs wandb, which the GPU kit does not carry")
     import ppo_ewma
 
+    wandb.teardown()  # W&B's process-wide state keeps the directory of its first run: this test starts its own
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "offline")  # no account, no network
     monkeypatch.setenv("WANDB_SILENT", "true")
