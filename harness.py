@@ -256,14 +256,17 @@ def obs_dtype(envs) -> torch.dtype:
     return torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
 
 
-def actor(sample: Callable, envs, device) -> Callable:
-    """obs (numpy) -> env actions for evaluation: `sample` (a tensor of observations -> a tensor of sampled actions)
-    without gradient, Box actions clipped to their bounds as in training."""
+def actor(sample: Callable, envs, device, memory: bool = False) -> Callable:
+    """(obs, the previous step's reward and done) (numpy) -> env actions for evaluation: `sample` (a tensor of
+    observations -> a tensor of sampled actions; with `memory`, a recurrent policy's, also of the previous step's
+    reward and done as float32 tensors) without gradient, Box actions clipped to their bounds as in training."""
     space, dtype = envs.single_action_space, obs_dtype(envs)
 
     @torch.no_grad()
-    def act(obs):
-        action = sample(torch.as_tensor(obs, dtype=dtype, device=device)).cpu().numpy()
+    def act(obs, reward=None, done=None):
+        obs = torch.as_tensor(obs, dtype=dtype, device=device)
+        previous = [torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)] if memory else []
+        action = sample(obs, *previous).cpu().numpy()
         return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
     return act
 
@@ -1397,12 +1400,15 @@ def check_rendering(env_id: str, procgen_games=()) -> None:
 
 
 def play(envs, act, num_episodes: int, seed: int) -> list:
-    """The raw returns of num_episodes episodes played by act(obs) -> actions on envs reset with `seed`: the first
-    num_episodes / num_envs episodes of each env (one env: its first num_episodes; num_episodes envs: one each)."""
+    """The raw returns of num_episodes episodes played by act(obs, reward, done) -> actions (the previous step's reward
+    and done; at the reset 0 and 1) on envs reset with `seed`: the first num_episodes / num_envs episodes of each env
+    (one env: its first num_episodes; num_episodes envs: one each)."""
     per_env, (obs, _) = num_episodes // envs.num_envs, envs.reset(seed=seed)
+    reward, done = np.zeros(envs.num_envs), np.ones(envs.num_envs, dtype=bool)
     returns = [[] for _ in range(envs.num_envs)]
     while any(len(env_returns) < per_env for env_returns in returns):
-        obs, _, _, _, info = envs.step(act(obs))
+        obs, reward, terminated, truncated, info = envs.step(act(obs, reward, done))
+        done = terminated | truncated
         for i in np.flatnonzero(info.get("_episode", ())):
             returns[i].append(float(info["episode"]["r"][i]))
     return [episode_return for env_returns in returns for episode_return in env_returns[:per_env]]

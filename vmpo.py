@@ -96,6 +96,13 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     eps_alpha_std: float = 5e-5
     """bound epsilon_alpha_Sigma on the std's KL (the paper's Gym table, Appendix F: log-uniform in [5e-6, 5e-5);
     here its upper end, since runs are short; 10x it ended lower on Walker2d-v5: docs/vmpo.md, the ablation)"""
+    lstm: bool = False
+    """the paper's recurrent agent (Fig. 1b): one encoder feeds an LSTM core that also reads the previous action and
+    reward, and both heads read the core (Box actions too). Minibatches are whole env unrolls, each replayed from the
+    acting network's core state stored at its start (R2D2's stored state)"""
+    whole_unrolls: bool = False
+    """minibatches of whole env unrolls, as --lstm's always are (so that a feed-forward agent's E-step picks its top k
+    from the same sets), instead of samples shuffled over the batch"""
 
     # options beyond the paper
     exp_name: str = "vmpo"
@@ -193,6 +200,14 @@ def project_multipliers(multipliers, min_value=MULTIPLIER_MIN):
         multiplier.clamp_(min=min_value)
 
 
+def unroll_minibatches(num_steps, num_envs, num_minibatches, device=None):
+    """--whole-unrolls: M minibatches, each the whole unrolls of N/M shuffled envs, as (envs [N/M], their samples'
+    flat indices t*N + n into the [T, N] rollout, t-major as Agent.unroll returns them, [T*N/M])."""
+    groups = torch.randperm(num_envs, device=device).view(num_minibatches, -1)
+    steps = torch.arange(num_steps, device=device)[:, None] * num_envs
+    return [(envs, (steps + envs).flatten()) for envs in groups]
+
+
 class PopArt(nn.Module):
     """Linear value head in normalized space with adaptive statistics (van Hasselt et al., 2016).
 
@@ -247,7 +262,7 @@ def train(args: Args) -> dict:
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
-    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std, args.bf16).to(device)
+    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std, args.bf16, args.lstm).to(device)
     target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
     # the M-step's KL bounds eps_alpha: one for categoricals, the mean's and the std's for Gaussians (Appendix C)
     if agent.continuous:
@@ -272,23 +287,36 @@ def train(args: Args) -> dict:
     action_dtype = torch.float32 if agent.continuous else torch.long
     actions = torch.zeros(rollout_shape + action_shape, dtype=action_dtype, device=device)
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
+    if args.lstm:  # the core's inputs besides obs and dones, as the rollout fed them
+        prev_actions, prev_rewards = torch.zeros_like(actions), torch.zeros(rollout_shape, device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
-    next_done = torch.zeros(args.num_envs, device=device)
+    next_done = torch.ones(args.num_envs, device=device)  # each env starts an episode (--lstm: zero memory)
+    # --lstm: what the acting network carries from step to step, its core state [N, 2, H] and last action and reward
+    memory = agent.core.initial_memory(args.num_envs, device) if args.lstm else {}
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     saved = harness.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
                           optimizers={"optimizer": optimizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
+    if args.lstm and run.checkpoint is not None:  # the acting network's memory, as the checkpoint left it
+        memory = run.restored("memory", memory)
 
     for iteration in range(first_iteration, num_iterations + 1):
+        # rollout: the target network acts n steps in each of the N envs (Algorithm 1)
         in_sync = learning_steps % target_period == 0  # target == online (the default: at every iteration's start)
+        if args.lstm:  # R2D2's stored state: the acting network's at the unroll's start, which the online one replays
+            start_states = memory["core_state"]
         for step in range(args.num_steps):
             global_step += args.num_envs
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():  # the target network acts; V_phi(s) is the online network's (Sec. 4.1)
-                step_pi, values[step] = act_and_value(target_agent, agent, next_obs, in_sync)
+                if args.lstm:  # the target's core state carries on; its inputs are stored for the replay
+                    prev_actions[step], prev_rewards[step] = memory["prev_action"], memory["prev_reward"]
+                    step_pi, _, acting_state = target_agent.step(next_obs, next_done, **memory)
+                else:
+                    step_pi, values[step] = act_and_value(target_agent, agent, next_obs, in_sync)
             if agent.continuous:
                 action = torch.distributions.Normal(*step_pi.chunk(2, -1), validate_args=False).sample()  # no sync
                 env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
@@ -299,12 +327,16 @@ def train(args: Args) -> dict:
 
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action)
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            if args.lstm:  # the env's reward, before a truncation's bootstrap is added to it
+                memory = {"core_state": acting_state, "prev_action": action, "prev_reward": rewards[step].clone()}
             # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
-                with torch.no_grad():
-                    rewards[step, truncated_only] += args.gamma * agent.get_value(final_obs)
+                with torch.no_grad():  # --lstm: from the acting network's core state before the reset, fed this step's
+                    ended = {name: value[truncated_only] for name, value in memory.items()}  # action and reward
+                    final_value = agent.get_value(final_obs, torch.zeros(truncated_only.size, device=device), **ended)
+                    rewards[step, truncated_only] += args.gamma * final_value
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             run.after_step(global_step, info)  # finished episodes, progress
@@ -313,7 +345,12 @@ def train(args: Args) -> dict:
         # G^(n) (gae_lambda 1, the default) bootstrapped with the online V at the unroll's end; A = G^(n) - V
         # (Sec. 4.1), not normalized: eta adapts to the advantages' scale
         with torch.no_grad():
-            next_value = agent.get_value(next_obs)
+            if args.lstm:  # V_phi(s): the online network replays the unroll from the stored state, as the update will
+                _, normalized_values, core_state = agent.unroll(obs, dones, start_states, prev_actions, prev_rewards)
+                values[:] = agent.critic.unnormalize(normalized_values).view(rollout_shape)
+                next_value = agent.get_value(next_obs, next_done, **dict(memory, core_state=core_state))
+            else:
+                next_value = agent.get_value(next_obs)
         advantages, returns = compute_gae(rewards, values, dones, next_value, next_done, args.gamma, args.gae_lambda)
 
         b_obs, b_actions = obs.reshape((-1,) + obs_shape), actions.reshape((-1,) + action_shape)
@@ -323,16 +360,23 @@ def train(args: Args) -> dict:
         stats = defaultdict(list)  # tag -> one value per learning step
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
-            b_inds = torch.randperm(batch_size, device=device)
-            for start in range(0, batch_size, minibatch_size):
-                mb_inds = b_inds[start:start + minibatch_size]
+            if args.whole_unrolls or args.lstm:  # (envs, their samples): the E-step's top k within whole unrolls
+                minibatches = unroll_minibatches(args.num_steps, args.num_envs, args.num_minibatches, device)
+            else:
+                minibatches = [(None, inds) for inds in torch.randperm(batch_size, device=device).split(minibatch_size)]
+            for mb_envs, mb_inds in minibatches:
                 mb_obs, mb_actions, mb_returns = b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds]
                 if args.popart:  # statistics first, then regress onto targets normalized by them
                     agent.critic.update(mb_returns)
-                new_pi, normalized_value = agent(mb_obs)
+                if args.lstm:  # each env's unroll replayed from its stored state; backpropagation runs through it all
+                    replay = (obs[:, mb_envs], dones[:, mb_envs], start_states[mb_envs], prev_actions[:, mb_envs],
+                              prev_rewards[:, mb_envs])
+                    new_pi, normalized_value, _ = agent.unroll(*replay)
+                else:
+                    new_pi, normalized_value = agent(mb_obs)
                 new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, agent.continuous)  # entropy: logged
                 with torch.no_grad():
-                    target_pi = target_agent.get_pi(mb_obs)
+                    target_pi = target_agent.unroll(*replay)[0] if args.lstm else target_agent.get_pi(mb_obs)
                     target_logp = policy_log_prob_and_entropy(target_pi, mb_actions, agent.continuous)[0]  # logged
 
                 # L_V (Eq. 1) in PopArt's normalized space
@@ -384,8 +428,9 @@ def train(args: Args) -> dict:
         writer.add_scalar("charts/top_k_frac", top_k / minibatch_size, global_step)
         writer.add_scalar("charts/popart_mean", agent.critic.mu.item(), global_step)
         writer.add_scalar("charts/popart_std", agent.critic.sigma.item(), global_step)
-        run.end_iteration(iteration, global_step, next_obs, next_done)  # SPS, checkpoint
-    return run.finish(iteration, global_step, next_obs, next_done)  # --save-model
+        kept = {"memory": memory} if args.lstm else {}  # the acting network's memory, for --resume
+        run.end_iteration(iteration, global_step, next_obs, next_done, **kept)  # SPS, checkpoint
+    return run.finish(iteration, global_step, next_obs, next_done, **kept)  # --save-model
 
 
 # ------------------------------------------------------------------------------------------------------ networks
@@ -454,6 +499,37 @@ class ImpalaCNN(nn.Module):
             return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
+class LSTMCore(nn.Module):
+    """The agent's memory (Fig. 1b): an LSTM whose input is the encoder's features, the previous action (one-hot for
+    discrete actions) and the previous reward. Where an episode starts its state and those two inputs are zeroed.
+    Its state is h and c stacked, [B, 2, H]: one tensor, which a rollout stores and indexes by env."""
+
+    def __init__(self, in_features, action_space, hidden):
+        super().__init__()
+        self.num_actions = None if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
+        self.action_shape = action_space.shape  # () for indices
+        self.lstm = nn.LSTMCell(in_features + (self.num_actions or action_space.shape[0]) + 1, hidden)
+        with torch.no_grad():  # biases 0 but the forget gate's 1 (PyTorch's gate order i, f, g, o), as TensorFlow's
+            self.lstm.bias_hh.zero_()  # and Sonnet's LSTMs: the state is kept at first
+            self.lstm.bias_ih.zero_()[hidden:2 * hidden] = 1.0
+
+    def initial_memory(self, batch_size, device=None):
+        """What the core carries from one step to the next (forward's last three inputs), all zero."""
+        return {"core_state": torch.zeros(batch_size, 2, self.lstm.hidden_size, device=device),
+                "prev_action": torch.zeros(batch_size, *self.action_shape, device=device).to(
+                    torch.float32 if self.num_actions is None else torch.long),
+                "prev_reward": torch.zeros(batch_size, device=device)}
+
+    def forward(self, features, done, core_state, prev_action, prev_reward):
+        """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
+        [B, 2, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, 2, H])."""
+        keep = (1.0 - done).unsqueeze(-1)
+        action = prev_action if self.num_actions is None else F.one_hot(prev_action, self.num_actions).float()
+        inputs = torch.cat([features, keep * action, keep * prev_reward.unsqueeze(-1)], dim=-1)
+        h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))
+        return h, torch.stack([h, c], dim=1)
+
+
 def mlp(in_dim, hidden):
     """Two tanh layers of `hidden` units."""
     return nn.Sequential(layer_init(nn.Linear(in_dim, hidden)), nn.Tanh(), layer_init(nn.Linear(hidden, hidden)),
@@ -464,24 +540,27 @@ class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and PopArt value
     heads. Box actions, as the paper's Gym agents (Appendix F): the policy and the value each have their own MLP
     (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std
-    (--no-state-dependent-std: one learned std vector).
+    (--no-state-dependent-std: one learned std vector). --lstm, the paper's agent (Fig. 1b): the torso, shared by both
+    heads for Box actions too, feeds an LSTMCore as wide as its output, and the heads read the core.
 
     The policy's parameters pi, [B, P]: categorical logits, or a Gaussian's mean and std side by side.
     """
 
-    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True, bf16=False):
+    def __init__(self, envs, popart_beta=1e-4, min_std=1e-3, state_dependent_std=True, bf16=False, lstm=False):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous, self.min_std = isinstance(action_space, gym.spaces.Box), min_std
         self.value_torso = None  # None: the value reads the policy's torso
         if self.continuous:
             hidden = 256
-            self.torso, self.value_torso = mlp(obs_shape[0], hidden), mlp(obs_shape[0], hidden)
+            self.torso = mlp(obs_shape[0], hidden)
+            self.value_torso = None if lstm else mlp(obs_shape[0], hidden)
         elif len(obs_shape) == 3:
             self.torso, hidden = ImpalaCNN(obs_shape[-1], bf16=bf16), 256
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:
             self.torso, hidden = mlp(obs_shape[0], 64), 64
+        self.core = LSTMCore(hidden, action_space, hidden) if lstm else None
         num_outputs = (1 + state_dependent_std) * action_space.shape[0] if self.continuous else action_space.n
         self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
         self.critic = PopArt(hidden, beta=popart_beta)
@@ -501,10 +580,26 @@ class Agent(nn.Module):
     def get_pi(self, obs):
         return self.policy(self.torso(obs))
 
-    def get_value(self, obs):
-        """Unnormalized V(s): [B]."""
+    def get_value(self, obs, done=None, **memory):
+        """Unnormalized V(s): [B]; --lstm: one step, as step() (without it, done and memory are not read)."""
+        if self.core is not None:
+            return self.critic.unnormalize(self.step(obs, done, **memory)[1])
         hidden = self.torso(obs) if self.value_torso is None else self.value_torso(obs)
         return self.critic.unnormalize(self.critic(hidden))
+
+    def step(self, obs, done, core_state, prev_action, prev_reward):
+        """--lstm, one step of a batch of envs (LSTMCore.forward's inputs): (pi, normalized value n(s), next state)."""
+        hidden, core_state = self.core(self.torso(obs), done, core_state, prev_action, prev_reward)
+        return self.policy(hidden), self.critic(hidden), core_state
+
+    def unroll(self, obs, dones, core_state, prev_actions, prev_rewards):
+        """--lstm: unrolls [T, B] from their first step's core state, step by step as the rollout ran them (the same
+        code path): (pi [T*B, P], n(s) [T*B], t-major; the last state). Gradients flow through the whole unroll."""
+        outputs = []
+        for t in range(len(obs)):
+            *output, core_state = self.step(obs[t], dones[t], core_state, prev_actions[t], prev_rewards[t])
+            outputs.append(output)
+        return (*(torch.cat(output) for output in zip(*outputs)), core_state)
 
     def forward(self, obs):
         """(pi, normalized value n(s))."""
@@ -591,7 +686,11 @@ def check_args(args: Args, observation_space, action_space) -> None:
     """This script's own checks of the run's Args."""
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
-    harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, shuffle_samples=True)
+    whole_unrolls = args.whole_unrolls or args.lstm
+    if whole_unrolls and (args.num_minibatches > args.num_envs or args.num_envs % args.num_minibatches):
+        raise SystemExit(f"--num-minibatches {args.num_minibatches} must divide --num-envs {args.num_envs}: with "
+                         f"{'--lstm' if args.lstm else '--whole-unrolls'} each minibatch holds whole env unrolls.")
+    harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, shuffle_samples=not whole_unrolls)
     batch_size = args.num_envs * args.num_steps
     # obs, actions, rewards, dones, values, advantages, returns: one of each per sample
     sample_bytes = (math.prod(observation_space.shape) * observation_space.dtype.itemsize
@@ -602,16 +701,20 @@ def check_args(args: Args, observation_space, action_space) -> None:
 def acting_policy(args: Args, envs, models: dict, device):
     """The checkpoint's acting network (V-MPO: the target network) as obs -> env actions, sampled or
     (--eval-deterministic) the mode: the most likely action, the Gaussian's mean."""
-    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std).to(device)
+    agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std, lstm=args.lstm).to(device)
     harness.load_weights(agent, models, "target_agent")
+    memory = agent.core.initial_memory(envs.num_envs, device) if args.lstm else {}
 
-    def act(obs):
-        pi = agent.get_pi(obs)
+    def act(obs, prev_reward=None, done=None):  # --lstm: the previous step's reward and done, and its action below
+        pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward)) if args.lstm \
+            else (agent.get_pi(obs), None, None)
         if args.eval_deterministic:
-            return pi.chunk(2, dim=-1)[0] if agent.continuous else pi.argmax(-1)
-        return torch.distributions.Normal(*pi.chunk(2, dim=-1)).sample() if agent.continuous else \
-            torch.distributions.Categorical(logits=pi).sample()
-    return harness.actor(act, envs, device)
+            memory["prev_action"] = pi.chunk(2, dim=-1)[0] if agent.continuous else pi.argmax(-1)
+        else:
+            memory["prev_action"] = torch.distributions.Normal(*pi.chunk(2, dim=-1)).sample() if agent.continuous \
+                else torch.distributions.Categorical(logits=pi).sample()
+        return memory["prev_action"]
+    return harness.actor(act, envs, device, memory=args.lstm)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

@@ -157,7 +157,7 @@ def stale_references(markdown, root=ROOT):
     """The references [`name`](../script.py#LA-LB) of a page whose lines no longer hold what they name, each with
     the lines they should say. `name` is a function, class or Class.method: A-B must be its whole source (decorators
     included); or a comment of train() that opens a block: line A must hold it, and the block end at B, before a
-    blank line or a line indented less."""
+    blank line, a line indented less or the comment that opens the next block."""
     import importlib
     import inspect
 
@@ -170,7 +170,7 @@ def stale_references(markdown, root=ROOT):
             starts = [i + 1 for i, line in enumerate(lines) if line.strip().startswith(name)]
             indent = len(lines[first - 1]) - len(lines[first - 1].lstrip()) if first <= len(lines) else 0
             after = lines[last] if last < len(lines) else ""
-            ends = not after.strip() or len(after) - len(after.lstrip()) < indent
+            ends = not after.strip() or len(after) - len(after.lstrip()) < indent or after.strip().startswith("#")
             if first not in starts or not ends or not all(lines[i].strip() for i in (first - 1, last - 1)):
                 stale.append(f"{script}.py: `{name}` opens line {starts or 'none'}, not the block {first}-{last}")
             continue

@@ -549,8 +549,8 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
     real_play = harness.play
 
     def recording_play(envs, act, num_episodes, seed):
-        def recording_act(obs):
-            played.append((obs, act(obs)))
+        def recording_act(obs, *previous):  # previous: the last step's reward and done
+            played.append((obs, act(obs, *previous)))
             return played[-1][1]
         return real_play(envs, recording_act, num_episodes, seed)
 

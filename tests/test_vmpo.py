@@ -1,5 +1,6 @@
 """Worked examples for vmpo.py: hand-computed values of every contract function, gradient checks
 where a stop-gradient matters, and tiny smoke runs of train()."""
+import copy
 import dataclasses
 import glob
 import math
@@ -8,6 +9,7 @@ import sys
 import time
 from typing import Optional
 
+import gymnasium
 import numpy as np
 import pytest
 import torch
@@ -173,6 +175,167 @@ def test_popart_scale_is_bounded_below():
     assert popart.sigma.item() == pytest.approx(1e-2)
 
 
+# ------------------------------------------------------------------ the recurrent agent (--lstm, Fig. 1b)
+def test_unroll_minibatches_are_whole_env_unrolls_by_hand():
+    # T = 3, N = 4, M = 2; seed 1 shuffles the envs to [1, 3, 2, 0]: minibatch 0 holds envs 1 and 3, minibatch 1
+    # envs 2 and 0, each env's samples t*N + n for t = 0, 1, 2, t-major: [1, 3, 5, 7, 9, 11] and [2, 0, 6, 4, 10, 8]
+    torch.manual_seed(1)
+    (envs0, inds0), (envs1, inds1) = vmpo.unroll_minibatches(num_steps=3, num_envs=4, num_minibatches=2)
+    assert envs0.tolist() == [1, 3] and inds0.tolist() == [1, 3, 5, 7, 9, 11]
+    assert envs1.tolist() == [2, 0] and inds1.tolist() == [2, 0, 6, 4, 10, 8]
+
+
+def test_lstm_core_zeroes_its_state_and_the_previous_action_and_reward_where_an_episode_starts():
+    # One unit; every weight 0 but the g gate's from the features, the one-hot of action 1 and the reward (each 1),
+    # every bias 0: i = f = o = sigmoid(0) = 0.5, g = tanh(x + [a = 1] + r), c' = f c + i g, h' = o tanh(c').
+    # Inputs x = 0.5, a = 1, r = 1, state h = 0.3, c = 2.
+    # Within an episode: g = tanh(2.5) = 0.9866143, c' = 1 + 0.4933071 = 1.4933071, h' = 0.5 tanh(c') = 0.4519657.
+    # Where one starts, state, action and reward are zeroed but the features are not: g = tanh(0.5) = 0.4621172,
+    # c' = 0.2310586, h' = 0.5 tanh(0.2310586) = 0.1135163.
+    core = vmpo.LSTMCore(1, gymnasium.spaces.Discrete(2), 1)
+    with torch.no_grad():
+        for param in core.parameters():
+            param.zero_()
+        core.lstm.weight_ih[2] = torch.tensor([1.0, 0.0, 1.0, 1.0])  # row 2: the g gate; columns x, a = 0, a = 1, r
+    h, state = core(torch.tensor([[0.5], [0.5]]), torch.tensor([0.0, 1.0]), torch.tensor([[[0.3], [2.0]]] * 2),
+                    torch.tensor([1, 1]), torch.tensor([1.0, 1.0]))
+    assert h.squeeze(1).tolist() == pytest.approx([0.4519657, 0.1135163], abs=1e-6)
+    assert state[:, 1, 0].tolist() == pytest.approx([1.4933071, 0.2310586], abs=1e-6)  # c'
+    assert torch.equal(state[:, 0], h)
+
+
+def test_the_core_starts_at_1_for_the_forget_gate_and_0_for_the_other_biases():
+    core = vmpo.LSTMCore(3, gymnasium.spaces.Box(-1.0, 1.0, (2,)), 4)
+    assert core.lstm.weight_ih.shape == (16, 3 + 2 + 1)  # features, the continuous action, the reward
+    assert core.lstm.bias_ih.tolist() == [0.0] * 4 + [1.0] * 4 + [0.0] * 8 and not core.lstm.bias_hh.any()
+
+
+def lstm_agent(env_id="CartPole-v1"):
+    return vmpo.Agent(vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id=env_id, num_envs=1, cuda=False))), lstm=True)
+
+
+def test_an_unroll_restarts_where_an_episode_starts():
+    # 3 envs, 6 steps from a random core state and random previous actions and rewards; env 1 starts an episode at
+    # step 2 and env 2 at step 0. From there each must give what an unroll from other random memory gives when it
+    # starts an episode at its first step (at every later step the same obs and previous action and reward).
+    torch.manual_seed(0)
+    agent = lstm_agent()
+    obs, state = torch.randn(6, 3, 4), torch.randn(3, 2, 64)
+    prev_actions, prev_rewards, dones = torch.randint(0, 2, (6, 3)), torch.randn(6, 3), torch.zeros(6, 3)
+    dones[2, 1] = dones[0, 2] = 1.0
+    with torch.no_grad():
+        pi, value = (x.view(6, 3, -1) for x in agent.unroll(obs, dones, state, prev_actions, prev_rewards)[:2])
+        for env, start in ((1, 2), (2, 0)):
+            other_actions, other_rewards = prev_actions[start:, env:env + 1].clone(), prev_rewards[start:, env:env + 1]
+            other_actions[0], other_rewards = 1 - other_actions[0], other_rewards + 5.0  # all but step 0's are used
+            other_rewards[1:] -= 5.0
+            fresh_pi, fresh_value, _ = agent.unroll(obs[start:, env:env + 1], dones[start:, env:env + 1],
+                                                 torch.randn(1, 2, 64), other_actions, other_rewards)
+            torch.testing.assert_close(pi[start:, env], fresh_pi, rtol=0, atol=1e-6)
+            torch.testing.assert_close(value[start:, env, 0], fresh_value, rtol=0, atol=1e-6)
+        # and without the episode start, the state it had carries on: another state gives other outputs
+        carried = agent.unroll(obs[2:, 1:2], torch.zeros(4, 1), torch.randn(1, 2, 64), prev_actions[2:, 1:2],
+                               prev_rewards[2:, 1:2])[0]
+        assert (carried - pi[2:, 1]).abs().min() > 1e-6
+
+
+def test_replaying_an_unroll_with_the_acting_network_recomputes_the_rollout(monkeypatch, tmp_path):
+    """CartPole, 4 envs x 32 steps, 2 iterations (episodes end inside them), 2 minibatches of 2 envs. In iteration 2
+    the target network (the acting one: the online network's copy after iteration 1) replays each minibatch from
+    the stored core states, which iteration 1 left behind. Put together in the rollout's env order, the replayed
+    inputs give, through the same code path and the same shapes, the rollout's pi and values bit for bit; each
+    minibatch's replay (2 rows a step, not 4) agrees to float32 rounding."""
+    monkeypatch.chdir(tmp_path)
+    steps, unrolls, groups = [], [], []
+    real_step, real_unroll, real_minibatches = vmpo.Agent.step, vmpo.Agent.unroll, vmpo.unroll_minibatches
+    acting = lambda agent: not next(agent.parameters()).requires_grad  # noqa: E731  (the target network)
+
+    def step(agent, obs, *inputs, **memory):
+        outputs = real_step(agent, obs, *inputs, **memory)
+        if acting(agent) and len(obs) == 4:  # a rollout step (the target's replays take 2 envs)
+            steps.append(outputs[0])
+        return outputs
+
+    def unroll(agent, *inputs):
+        outputs = real_unroll(agent, *inputs)
+        if not torch.is_grad_enabled():  # the online network's values after the rollout, the target's replays
+            unrolls.append((copy.deepcopy(agent), inputs, outputs))
+        return outputs
+
+    monkeypatch.setattr(vmpo.Agent, "step", step)
+    monkeypatch.setattr(vmpo.Agent, "unroll", unroll)
+    monkeypatch.setattr(vmpo, "unroll_minibatches", lambda *args: groups.append(real_minibatches(*args)) or groups[-1])
+    vmpo.train(vmpo.Args(env_id="CartPole-v1", num_envs=4, num_steps=32, num_minibatches=2, total_timesteps=256,
+                         lstm=True, cuda=False))
+    online, rollout_inputs, (_, rollout_values, _) = unrolls[-3]  # iteration 2's values, then its 2 replays
+    target = unrolls[-1][0]
+    rollout_pi = torch.stack(steps[32:])  # [T, N, 2]
+    rollout_value = online.critic.unnormalize(rollout_values).view(32, 4)
+    assert rollout_inputs[2].abs().min() > 0  # the stored state is iteration 1's, not a fresh start
+    assert rollout_inputs[1].any() and not rollout_inputs[1].all()  # episodes ended inside the unrolls
+    assert (rollout_inputs[4][1:] > 0).all()  # the core was fed the previous reward: CartPole's 1, normalized
+    full = [torch.zeros_like(x) for x in rollout_inputs]  # obs, dones [T, N, ...], states [N, 2, H], actions, rewards
+    max_error = 0.0
+    for (envs, _), (_, inputs, (pi, value, _)) in zip(groups[-1], unrolls[-2:]):
+        for i, (whole, part) in enumerate(zip(full, inputs)):
+            whole[(slice(None), envs) if i != 2 else envs] = part  # item 2: the core states, [N, 2, H]
+        max_error = max(max_error, (pi.view(32, 2, 2) - rollout_pi[:, envs]).abs().max().item(),
+                        (target.critic.unnormalize(value).view(32, 2) - rollout_value[:, envs]).abs().max().item())
+    assert all(torch.equal(whole, given) for whole, given in zip(full, rollout_inputs))  # as the rollout stored them
+    with torch.no_grad():
+        pi, value, _ = real_unroll(target, *full)
+    assert torch.equal(pi.view(32, 4, 2), rollout_pi)
+    assert torch.equal(target.critic.unnormalize(value).view(32, 4), rollout_value)
+    assert max_error < 1e-5
+
+
+def test_the_truncation_bootstrap_reads_the_core_state_from_before_the_reset(monkeypatch, tmp_path):
+    # Pendulum, 2 envs x 100 steps, 2 iterations: both envs reach the 200-step time limit at the last step. The
+    # online network values the final observation from the acting network's core state after that step, with the
+    # step's action and reward, not from the zero memory of the episode that the env has already started.
+    monkeypatch.chdir(tmp_path)
+    states, values = [], []
+    real_step, real_value = vmpo.Agent.step, vmpo.Agent.get_value
+
+    def step(agent, obs, *inputs, **memory):
+        outputs = real_step(agent, obs, *inputs, **memory)
+        if not next(agent.parameters()).requires_grad and len(obs) == 2 and not values:  # the rollout's target
+            states.append(outputs[2])
+        return outputs
+
+    def get_value(agent, obs, done=None, **memory):
+        if len(states) == 200 and done is not None:  # at step 200 (the truncation), then after it
+            values.append((agent, done, memory))
+        return real_value(agent, obs, done, **memory)
+
+    monkeypatch.setattr(vmpo.Agent, "step", step)
+    monkeypatch.setattr(vmpo.Agent, "get_value", get_value)
+    vmpo.train(vmpo.Args(env_id="Pendulum-v1", num_envs=2, num_steps=100, num_minibatches=2, total_timesteps=400,
+                         gamma=0.99, lstm=True, cuda=False))
+    (agent, done, memory), (_, next_done, _) = values  # the truncation's bootstrap, then the unroll's
+    assert next(agent.parameters()).requires_grad  # the online network's V_phi
+    assert done.tolist() == [0.0, 0.0] and next_done.tolist() == [1.0, 1.0]
+    assert torch.equal(memory["core_state"], states[199]) and memory["core_state"].abs().min() > 0
+    assert memory["prev_action"].shape == (2, 1) and memory["prev_reward"].abs().min() > 0
+
+
+def test_with_lstm_box_actions_share_one_torso_and_core():
+    agent = lstm_agent("Pendulum-v1")
+    assert agent.value_torso is None and agent.core.lstm.input_size == 256 + 1 + 1  # features, action, reward
+    memory = agent.core.initial_memory(3)
+    _, value, _ = agent.step(torch.randn(3, 3), torch.zeros(3), **memory)
+    value.sum().backward()  # the value's gradient reaches the shared torso and core
+    assert all(p.grad is not None for p in [*agent.torso.parameters(), *agent.core.parameters()])
+
+
+def test_evaluation_of_a_saved_lstm_run(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    trained = vmpo.train(vmpo.Args(exp_name="trained", total_timesteps=128, save_model=True, lstm=True,
+                                   **TINY_CARTPOLE))
+    result = vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])
+
+
 # -------------------------------------------------------------------------------- bad input
 def test_every_numeric_flag_has_a_range():
     numeric = {f.name for f in dataclasses.fields(vmpo.Args) if f.type in (int, float, Optional[int], Optional[float])}
@@ -206,6 +369,8 @@ def test_every_numeric_flag_has_a_range():
     ({"target_period": -1}, "--target-period"),
     ({"num_minibatches": 3}, "--num-minibatches"),
     ({"num_minibatches": 32}, "--num-minibatches"),  # more minibatches than the 16 samples
+    ({"num_minibatches": 4, "lstm": True}, "--num-minibatches 4 must divide --num-envs 2: with --lstm"),
+    ({"num_minibatches": 4, "whole_unrolls": True}, "--num-minibatches 4 must divide --num-envs 2: with --whole"),
     ({"env_id": "NoSuchEnv-v0"}, "--env-id"),
     ({"env_id": "FrozenLake-v1"}, "--env-id"),  # Discrete observations
     ({"env_id": "starpilot", "norm_obs": True}, "--norm-obs needs vector observations"),
@@ -262,10 +427,11 @@ def _smoke(monkeypatch, tmp_path, tags, **kwargs):
     return result
 
 
-def test_smoke_procgen(monkeypatch, tmp_path):
+@pytest.mark.parametrize("lstm", [False, True])
+def test_smoke_procgen(monkeypatch, tmp_path, lstm):
     pytest.importorskip("procgen")
     _smoke(monkeypatch, tmp_path, ("kl/policy", "charts/alpha_policy"), env_id="starpilot", num_envs=2,
-           num_steps=8, num_minibatches=2, total_timesteps=16)
+           num_steps=8, num_minibatches=2, total_timesteps=16, lstm=lstm)
 
 
 def test_smoke_cartpole(monkeypatch, tmp_path):
@@ -459,16 +625,18 @@ class Killed(Exception):
     """Stands for the process being killed."""
 
 
-@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "Hopper-v5"])
-def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path, env_id):
+@pytest.mark.parametrize("env_id, lstm", [("CartPole-v1", False), ("Pendulum-v1", False), ("Hopper-v5", False),
+                                          ("CartPole-v1", True), ("Pendulum-v1", True)])
+def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path, env_id, lstm):
     """4 iterations. The killed run writes checkpoints every iteration and dies while writing the one of
     iteration 3, after iteration 3 was logged; resumed from iteration 2's checkpoint it must redo iteration 3
-    (TensorBoard drops the first attempt) and 4, and log exactly what an uninterrupted run logs."""
+    (TensorBoard drops the first attempt) and 4, and log exactly what an uninterrupted run logs. --lstm: the
+    acting network's core state and last action and reward come back from the checkpoint."""
     monkeypatch.chdir(tmp_path)
     if env_id == "Hopper-v5":  # MuJoCo: the simulator's state and its time limit's counter come back from data
         pytest.importorskip("mujoco")
     # Pendulum: 2 envs x 64 steps x 4 iterations, so each env finishes one 200-step episode (time limit)
-    config = dict(TINY_CARTPOLE, env_id=env_id, num_steps=32 if env_id == "CartPole-v1" else 64)
+    config = dict(TINY_CARTPOLE, env_id=env_id, num_steps=32 if env_id == "CartPole-v1" else 64, lstm=lstm)
     config["total_timesteps"] = 4 * 2 * config["num_steps"]
     full = vmpo.train(vmpo.Args(exp_name="full", **config))
 
@@ -484,7 +652,11 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
         vmpo.train(vmpo.Args(exp_name="killed", checkpoint_every=1, **config))
     monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
-    assert torch.load(f"{run_dir}/checkpoint.pt")["iteration"] == 2
+    checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
+    assert checkpoint["iteration"] == 2 and ("memory" in checkpoint) == lstm
+    if lstm:  # h and c of each env, not the initial zeros
+        assert checkpoint["memory"]["core_state"].shape == (2, 2, 64 if env_id == "CartPole-v1" else 256)
+        assert checkpoint["memory"]["core_state"].abs().min() > 0
 
     # TensorBoard reads a run's event files in name order, and the name starts with the time in whole
     # seconds: a real restart comes seconds later, so make sure this one does too
