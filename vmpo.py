@@ -148,7 +148,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 def vmpo_e_step(advantages, temperature, eps_eta, top_k_fraction=0.5):
     """E-step on the top-k advantages: (psi weights [B], temperature loss L_eta).
 
-    advantages: [B] (no gradient); temperature: eta, a scalar parameter. The k = top_k_fraction * B
+    advantages: [B] (no gradient); temperature: eta, a scalar parameter. The k = max(1, int(top_k_fraction B))
     largest advantages form D~; psi = softmax(A/eta) over D~ and 0 elsewhere, with no gradient (Eq. 12).
     L_eta = eta eps_eta + eta log(1/|D~| sum_D~ exp(A/eta))  (Eq. 13).
     """
@@ -173,8 +173,8 @@ def vmpo_policy_loss(logp, weights):
 def vmpo_kl_loss(kl, alpha, eps_alpha):
     """L_alpha = mean of alpha (eps_alpha - sg[KL]) + sg[alpha] KL  (Eq. 14).
 
-    kl: [B] per-sample KL[pi_target || pi]; alpha: scalar parameter. The stop-gradients make one loss
-    do coordinate descent: alpha sees only (eps_alpha - KL), the policy sees only alpha KL.
+    kl: [B] per-sample KL[pi_target || pi]; alpha: scalar parameter. The stop-gradients split one loss in two:
+    alpha sees only (eps_alpha - KL), the policy only alpha KL, and one step moves both.
     """
     return (alpha * (eps_alpha - kl.detach())).mean() + (alpha.detach() * kl).mean()
 
@@ -184,8 +184,8 @@ def gaussian_kl_decoupled(mean_old, std_old, mean, std):
 
     C_mu = KL[N(mu_old, S_old) || N(mu, S_old)] = 1/2 (mu - mu_old)^T S_old^-1 (mu - mu_old) depends
     on the mean only; C_Sigma = KL[N(mu_old, S_old) || N(mu_old, S)]
-    = 1/2 (Tr(S^-1 S_old) - d + log |S|/|S_old|) on the std only (Abdolmaleki et al., 2018b).
-    mean_old, std_old, mean, std: [B, D].
+    = 1/2 (Tr(S^-1 S_old) - d + log |S|/|S_old|) on the std only (Abdolmaleki et al., 2018b), with
+    S = diag(std^2). mean_old, std_old, mean, std: [B, D].
     """
     var_old, var = std_old**2, std**2
     kl_mean = 0.5 * ((mean - mean_old) ** 2 / var_old).sum(-1)

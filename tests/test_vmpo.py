@@ -38,6 +38,14 @@ def test_e_step_keeps_top_half_of_advantages():
     assert weights.tolist() == pytest.approx([0.2447285, 0.0, 0.0900306, 0.0, 0.0, 0.6652410], abs=1e-6)
 
 
+def test_temperature_loss_is_over_the_top_k_only():
+    # A = [5, 1, 4, 2], k = int(0.5 * 4) = 2: D~ = {5, 4}; eta = 1, eps_eta = 0.01:
+    # L_eta = 0.01 + log((e^5 + e^4) / 2) = 0.01 + log(101.505655) = 4.6301145; over all of D it would be
+    # 0.01 + log((e^5 + e^1 + e^4 + e^2) / 4) = 3.9855547
+    _, loss = vmpo.vmpo_e_step(torch.tensor([5.0, 1.0, 4.0, 2.0]), torch.tensor(1.0), eps_eta=0.01, top_k_fraction=0.5)
+    assert loss.item() == pytest.approx(4.6301145, abs=1e-5)
+
+
 def test_e_step_weights_sum_to_one_and_carry_no_gradient():
     advantages = torch.tensor([0.3, -1.2, 2.5, 0.7, 1.1], requires_grad=True)
     eta = torch.tensor(0.5, requires_grad=True)
@@ -114,6 +122,10 @@ def test_gaussian_kl_decoupled_by_hand():
     exact = torch.distributions.kl_divergence(torch.distributions.Normal(mean_old, std_old),
                                               torch.distributions.Normal(mean_old, std)).sum(-1)
     assert kl_std.tolist() == pytest.approx(exact.tolist())
+    # std_old = [1, 2], std = [2, 3], not a permutation of each other, so the log terms do not cancel:
+    # C_Sigma = 0.5 [(1/4 - 1 + log 4) + (4/9 - 1 + log 9/4)] = 0.5 (0.6362944 + 0.2553737) = 0.4458345
+    kl_std = vmpo.gaussian_kl_decoupled(mean_old, std_old, mean, torch.tensor([[2.0, 3.0]]))[1]
+    assert kl_std.item() == pytest.approx(0.4458345, abs=1e-6)
 
 
 def test_gaussian_kl_decoupled_zero_when_equal_and_mean_part_ignores_online_std():
