@@ -358,9 +358,9 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     seed_everything(run_args.seed)
     torch.backends.cudnn.deterministic = run_args.torch_deterministic
     device, device_note = choose_device(args.cuda)
-    if args.bf16 and device.type == "cpu" and not cpu_has_bf16():
-        print("warning: --bf16 on a CPU without bfloat16 instructions (avx512_bf16, amx_bf16) is slower than float32 "
-              "(docs/speed.md).")
+    if args.bf16 and device.type == "cpu":  # measured slower on both CPUs tried, with and without AMX
+        print("warning: --bf16 was measured slower than float32 on the CPU (an iteration of the main job 0.84x on an "
+              "Intel Xeon without AMX; the CNN's update 0.97x with AMX): docs/speed.md#--bf16-on-the-cpu.")
     envs = script.make_env(run_args)
     tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
     run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
@@ -788,15 +788,6 @@ def choose_device(cuda: bool) -> tuple:
     if cuda:
         return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
     return torch.device("cpu"), "cpu (--no-cuda)"
-
-
-def cpu_has_bf16() -> bool:
-    """Whether this CPU has bfloat16 instructions (Linux's /proc/cpuinfo flags avx512_bf16 or amx_bf16)."""
-    if not os.path.exists("/proc/cpuinfo"):
-        return False
-    with open("/proc/cpuinfo") as cpuinfo:
-        flags = next((line.split() for line in cpuinfo if line.startswith("flags")), [])
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def tune_cpu(device, torch_threads: int, obs_shape) -> None:

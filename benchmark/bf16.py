@@ -17,7 +17,6 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import ppo_ewma  # noqa: E402
-from harness import cpu_has_bf16  # noqa: E402
 
 
 class ProcgenLike:
@@ -70,7 +69,8 @@ def main():
 
     machine = torch.cuda.get_device_name() if device.type == "cuda" else \
         open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].splitlines()[0].strip()
-    print(f"{machine}; CPU bfloat16 instructions: {cpu_has_bf16()}; DNNL_MAX_CPU_ISA="
+    flags = [flag for flag in open("/proc/cpuinfo").read().split() if flag in ("avx512_bf16", "amx_bf16")]
+    print(f"{machine}; CPU flags {' '.join(sorted(set(flags))) or 'without bfloat16'}; DNNL_MAX_CPU_ISA="
           f"{os.environ.get('DNNL_MAX_CPU_ISA', 'unset')}; {cli.threads} threads, median of {cli.repeats}")
     for name, work in ((f"IMPALA CNN forward + backward, {len(frames)} frames", update),
                        ("IMPALA CNN acting, 64 frames", act),
