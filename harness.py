@@ -537,8 +537,9 @@ class Run:
         return returns
 
     def restored(self, key: str, like):
-        """A script's own value in the checkpoint (e.g. the EWMA's weight), checked against `like` by restored()."""
-        return checked(self.checkpoint.get(key), like, key)
+        """A script's own value in the checkpoint (e.g. the EWMA's weight), checked against `like` by restored();
+        `like` itself in a run that does not resume."""
+        return like if self.checkpoint is None else checked(self.checkpoint.get(key), like, key)
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is

@@ -432,8 +432,8 @@ def train(args: Args) -> dict:
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments,
                                        "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
-    if run.checkpoint:  # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
-        ewma_weight = run.restored("ewma_weight", ewma_weight)
+    # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
+    ewma_weight = run.restored("ewma_weight", ewma_weight)
 
     for iteration in range(first_iteration, num_iterations + 1):
         phase_iteration = (iteration - 1) % args.n_pi

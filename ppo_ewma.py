@@ -378,8 +378,7 @@ def train(args: Args) -> dict:
                           normalizers={"reward": reward_normalizer, "advantages": adv_moments,
                                        "noise_scale": noise_scale})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    if run.checkpoint:  # theta_prox is never reset, so it spans iterations: its w comes back with it
-        ewma_weight = run.restored("ewma_weight", ewma_weight)
+    ewma_weight = run.restored("ewma_weight", ewma_weight)  # theta_prox spans iterations: its w comes back with it
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":

@@ -257,7 +257,7 @@ def train(args: Args) -> dict:
     saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                           normalizers={"reward": reward_normalizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
-    trained_steps = run.restored("trained_steps", 0) if run.checkpoint else 0
+    trained_steps = run.restored("trained_steps", 0)
 
     for iteration in range(first_iteration, last_iteration + 1):
         # fresh storage every iteration: the queue keeps each rollout until it is trained on

@@ -293,15 +293,14 @@ def train(args: Args) -> dict:
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.ones(args.num_envs, device=device)  # each env starts an episode (--lstm: zero memory)
-    # --lstm: what the acting network carries from step to step, its core state [N, 2, H] and last action and reward
-    memory = agent.core.initial_memory(args.num_envs, device) if args.lstm else {}
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     saved = harness.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
                           optimizers={"optimizer": optimizer})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
-    if args.lstm and run.checkpoint is not None:  # the acting network's memory, as the checkpoint left it
-        memory = run.restored("memory", memory)
+    # --lstm: what the acting network carries from step to step, its core state [N, 2, H] and last action and reward:
+    # zero at the start, as the checkpoint left it with --resume
+    memory = run.restored("memory", agent.core.initial_memory(args.num_envs, device)) if args.lstm else {}
 
     for iteration in range(first_iteration, num_iterations + 1):
         # rollout: the target network acts n steps in each of the N envs (Algorithm 1)
