@@ -31,7 +31,7 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """--impl: put each public function or class that the student's file defines in place of the scripts' own of
     that name, before any test module imports it, so that every test of that name checks the student's."""
-    config.replaced = []
+    config.replaced, config.unused = [], []
     for path in config.getoption("impl"):
         import importlib.util
         import inspect
@@ -49,14 +49,25 @@ def pytest_configure(config):
         scripts = {script: importlib.import_module(script) for script in SCRIPTS}
         found = False
         for name, value in own.items():
-            for script, module in scripts.items():
-                if hasattr(module, name):
-                    setattr(module, name, value)
-                    config.replaced.append(f"{script}.{name}")
-                    found = True
+            replaces = [script for script, module in scripts.items() if hasattr(module, name)]
+            for script in replaces:
+                setattr(scripts[script], name, value)
+                config.replaced.append(f"{script}.{name}")
+            found = found or bool(replaces)
+            if not replaces:  # a helper, or a misspelt name whose test then checks the script's own: said either way
+                config.unused.append(f"{os.path.basename(path)}: {name}")
         if not found:
             raise pytest.UsageError(f"--impl {path} defines {', '.join(sorted(own)) or 'nothing public'}, none of which "
                                     f"a script has: name your function as the exercise asks (e.g. compute_gae).")
+
+
+def pytest_sessionstart(session):
+    """Names of a student's file that replace nothing, on a line of their own that -q does not hide."""
+    unused = session.config.unused if hasattr(session.config, "unused") else []
+    if unused:
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(
+            f"--impl: no script has {', '.join(unused)}, so no test checks it (a helper is fine; a misspelt name is "
+            f"not: the script's own is tested instead)")
 
 
 def pytest_report_header(config):

@@ -1,6 +1,7 @@
 """docs/exercises.md: each exercise's check runs the project's own tests against a file of the student's (--impl, in
 conftest.py). Handed in that way, the scripts' own functions pass every exercise; a wrong one fails; a misnamed one
 is refused before any test runs."""
+import ast
 import importlib
 import inspect
 import os
@@ -60,6 +61,46 @@ def test_every_exercise_names_what_to_write_and_selects_tests_of_it():
             assert any(word in name for name in test_names), f"exercise {title!r}: -k {word} selects no test"
 
 
+# Tests that call an exercise's piece only as an ingredient of something else: the exercise's check may leave them out
+INGREDIENT = {"test_bf16_runs_the_cnn_in_bfloat16_and_keeps_losses_gradients_and_weights_float32": "--bf16's dtypes",
+              "test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers": "the checkpoint format"}
+
+
+def callers_of(path, names) -> list:
+    """The tests of a file that call one of `names`, directly or through a helper function of the file."""
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
+
+    def called(function):
+        return {getattr(node.func, "id", getattr(node.func, "attr", None))
+                for node in ast.walk(function) if isinstance(node, ast.Call)}
+    found = []
+    for name, function in functions.items():
+        calls = called(function)
+        calls |= {call for helper in calls & functions.keys() - {name} for call in called(functions[helper])}
+        if name.startswith("test_") and calls & set(names):
+            found.append(name)
+    return found
+
+
+def test_each_check_selects_every_test_that_calls_the_exercises_pieces():
+    # a check that leaves out a test of its piece lets through what only that test catches (exercise 10's check once
+    # left out the test that an epoch visits every stored sample once, and so passed indices drawn with replacement)
+    for title, names, check in exercises():
+        words = re.split(r"\s+or\s+", check[check.index("-k") + 1].strip('"'))
+        for path in (os.path.join(ROOT, word) for word in check if word.startswith("tests/")):
+            left_out = [test for test in callers_of(path, names)
+                        if test not in INGREDIENT and not any(word in test for word in words)]
+            assert not left_out, f"exercise {title!r}: its check leaves out {left_out}"
+
+
+def test_a_check_that_leaves_out_a_test_of_its_piece_is_caught(tmp_path):
+    path = tmp_path / "test_piece.py"
+    path.write_text("def helper():\n    return piece(1)\n\n\ndef test_piece_by_hand():\n    piece(2)\n\n\n"
+                    "def test_through_a_helper():\n    helper()\n\n\ndef test_other():\n    other()\n")
+    assert callers_of(path, ["piece"]) == ["test_piece_by_hand", "test_through_a_helper"]
+
+
 def test_the_scripts_own_functions_pass_every_exercise(tmp_path):
     args, files, selections = [], set(), []
     for number, (_, names, check) in enumerate(exercises()):
@@ -88,3 +129,14 @@ def test_a_wrong_function_fails_its_exercise_and_a_misnamed_one_is_refused(tmp_p
     misnamed.write_text("def gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):\n    pass\n")
     result = pytest_run([*check[:-1], str(misnamed)], cwd=tmp_path)
     assert result.returncode == 4 and "defines gae, none of which a script has" in result.stderr
+
+
+def test_a_name_that_replaces_nothing_is_said_even_under_q(tmp_path):
+    (_, names, check), = [exercise for exercise in exercises() if "update_ewma" in exercise[1]]
+    path = tmp_path / "my_ewma.py"
+    own_file(["update_ewma"], path)  # update_ewma right, com_to_decay misspelt: the script's own would be tested
+    path.write_text(path.read_text() + "\n\ndef com_to_deacy(com):\n    return com / (com + 1.0)\n")
+    check = [os.path.join(ROOT, word) if word.startswith("tests/") else word for word in check]
+    result = pytest_run(["-q", *check[:-1], str(path)], cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:]
+    assert "--impl: no script has my_ewma.py: com_to_deacy, so no test checks it" in result.stdout

@@ -68,7 +68,25 @@ def test_replay_memory_with_one_batch_holds_only_the_newest():
     assert replay.data()["age"].tolist() == [0, 0]
 
 
-def test_epoch_visits_every_stored_sample_once_with_m_over_k_per_actor():
+def test_replay_memory_data_is_row_major_over_actors_as_minibatch_indices_reads_it():
+    # L = 2 batches of T = 2 steps x K = 3 actors, each sample tagged 100 * batch + 10 * t + k. data() flattens
+    # each [T, K] batch row by row, oldest batch first, so that flat index = row * K + k with row = batch * T + t
+    # (minibatch_indices' layout): [100, 101, 102, 110, 111, 112, 200, ..., 212]
+    replay = ReplayMemory(num_batches=2)
+    for tag in (1, 2):
+        batch = make_batch(0, num_steps=2, num_envs=3)
+        tags = 100 * tag + 10 * torch.arange(2.0)[:, None] + torch.arange(3.0)  # [T, K]
+        replay.push({**batch, "advantages": tags, "obs": tags.unsqueeze(-1)})
+    data = replay.data()
+    assert data["advantages"].tolist() == [100, 101, 102, 110, 111, 112, 200, 201, 202, 210, 211, 212]
+    assert data["obs"][:, 0].tolist() == data["advantages"].tolist()
+    assert data["age"].tolist() == [1] * 6 + [0] * 6
+    torch.manual_seed(0)  # each minibatch of 6 takes M/K = 2 samples of each actor k = tag % 10
+    for mb_inds in replay.minibatch_indices(minibatch_size=6):
+        assert sorted((data["advantages"][mb_inds] % 10).tolist()) == [0, 0, 1, 1, 2, 2]
+
+
+def test_replay_epoch_visits_every_stored_sample_once_with_m_over_k_per_actor():
     # L = 2 batches of T = 4 steps x K = 2 actors: 16 samples; M = 4 gives NL/M = 4 minibatches,
     # each with M/K = 2 samples of each actor (flat index = row * K + k, so actor = index % K)
     torch.manual_seed(0)

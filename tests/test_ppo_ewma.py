@@ -72,12 +72,25 @@ def test_decoupled_clip_loss_gradient_reaches_new_logp_only():
     assert prox_logp.grad is None and behav_logp.grad is None  # pi_prox and pi_behav are constants
 
 
-def test_decoupled_clip_loss_importance_cap():
-    # pi = 0.6, pi_prox = 0.4, pi_behav = 0.2: pi/pi_behav = 3 > cap 2, so pi_behav is raised to 0.6/2 = 0.3.
-    # w = 0.4/0.3 = 4/3; r = 1.5 clipped to 1.2 with A = +1; loss = -(4/3)*1.2 = -1.6 (uncapped: -2*1.2 = -2.4)
-    args = (torch.tensor([log(0.6)]), torch.tensor([log(0.4)]), torch.tensor([log(0.2)]), torch.tensor([1.0]))
-    assert decoupled_clip_loss(*args, clip_coef=0.2, max_is_ratio=2.0).item() == pytest.approx(-1.6)
-    assert decoupled_clip_loss(*args, clip_coef=0.2, max_is_ratio=100.0).item() == pytest.approx(-2.4)
+def test_decoupled_clip_loss_importance_cap_in_both_terms_with_its_gradient():
+    # cap 2; r = pi/pi_prox, clip(r, 0.8, 1.2); pi_behav' = max(pi_behav, pi/2) is the capped behaviour policy
+    #   0: pi 0.6, pi_prox 0.4, pi_behav 0.2, A = +1: pi/pi_behav = 3 > 2, so pi_behav' = 0.3 and pi/pi_behav' = 2;
+    #      r = 1.5 -> 1.2, pi_prox/pi_behav' = 4/3: min(2 * 1, (4/3) * 1.2 * 1) = 1.6 (clipped term)
+    #   1: the same, A = -1: min(2 * -1, 1.6 * -1) = -2 (unclipped term, capped)
+    #   2: pi 0.44, pi_prox = pi_behav = 0.4, A = +2: 1.1 < 2 (no cap), r = 1.1 (inside): min(2.2, 2.2) = 2.2
+    # loss = -(1.6 - 2 + 2.2) / 3 = -0.6 (uncapped: sample 0's clipped term is 2 * 1.2 = 2.4 and sample 1's
+    # unclipped one -3: -(2.4 - 3 + 2.2) / 3 = -0.5333)
+    new_logp = torch.tensor([log(0.6), log(0.6), log(0.44)], requires_grad=True)
+    prox_logp, behav_logp = torch.tensor([log(0.4)] * 3), torch.tensor([log(0.2), log(0.2), log(0.4)])
+    loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, torch.tensor([1.0, -1.0, 2.0]), 0.2, max_is_ratio=2.0)
+    assert loss.item() == pytest.approx(-0.6)
+    # d loss / d new_logp: pi_behav' is a constant (new_logp.detach() raises it), so where the unclipped term wins the
+    # gradient is -(pi/pi_behav') A / 3 as without the cap, and a clipped term gives none:
+    #   0: clipped -> 0;  1: -(2 * -1) / 3 = 0.6667;  2: -(1.1 * 2) / 3 = -0.7333
+    loss.backward()
+    assert new_logp.grad.tolist() == pytest.approx([0.0, 2 / 3, -2.2 / 3])
+    uncapped = decoupled_clip_loss(new_logp, prox_logp, behav_logp, torch.tensor([1.0, -1.0, 2.0]), 0.2, 100.0)
+    assert uncapped.item() == pytest.approx(-1.6 / 3)
 
 
 def test_decoupled_clip_loss_with_prox_equal_behav_is_ppo():

@@ -85,7 +85,7 @@ def test_clipped_loss_with_the_importance_weight_cap_active():
 
 
 @pytest.mark.parametrize("objective", ["recent", "decoupled", "behavior"])
-def test_with_staleness_zero_every_objective_is_ppo(objective):
+def test_select_logps_with_staleness_zero_makes_every_objective_ppo(objective):
     # k = 0: pi_recent = pi_behav. pi_behav = [0.5, 0.25], pi = [0.7, 0.15], A = [1, -1], eps = 0.2
     # PPO: r = [1.4, 0.6]; sample 1: min(1.4, 1.2) * 1 = 1.2; sample 2: min(-0.6, -0.8) = -0.8
     # loss = -(1.2 - 0.8) / 2 = -0.2
