@@ -329,6 +329,7 @@ def train(args: Args) -> dict:
     # the hyperparameters the run trains with: the defaults that depend on the action type, then Sec. 4's adjustments
     # for a batch divided by c = --batch-divisor (apply_batch_divisor; checkpoints keep the flags they came from)
     args = apply_batch_divisor(flags)
+
     batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
@@ -343,6 +344,7 @@ def train(args: Args) -> dict:
     ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None
     ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
 
+    # pi_prox of a minibatch: the EWMA network's policy
     def prox_pi_of(obs):
         """pi_prox of the EWMA network: a no-grad pass, on the CPU 64 frames at a time (memory only: the same
         numbers as one pass)."""
@@ -384,7 +386,7 @@ def train(args: Args) -> dict:
         if args.lr_schedule == "linear":
             optimizer.param_groups[0]["lr"] = linear_schedule(args.learning_rate, iteration, num_iterations)
 
-        # rollout: T steps of the N envs with the behaviour policy pi_behav
+        # rollout: T steps of the N envs with the behaviour policy pi_behav, the current weights (theta_behav = theta)
         bootstraps.zero_()
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
@@ -397,7 +399,8 @@ def train(args: Args) -> dict:
             env_action = torch.clamp(action, action_low, action_high) if continuous else action
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            # time-limit truncation is not termination: bootstrap with gamma * V(final obs)
+            # time-limit truncation is not termination: gamma * V(final obs) is kept apart in `bootstraps`, already in
+            # scaled units, and added to the scaled reward below
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
@@ -431,6 +434,7 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step
             for mb_inds in epoch_minibatches(args):
+                # the minibatch's pi and V under theta, and pi_prox: the EWMA network's (PPO-EWMA) or pi_behav (PPO)
                 mb_inds = mb_inds.to(device)
                 mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
@@ -442,6 +446,7 @@ def train(args: Args) -> dict:
                 else:  # PPO: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
 
+                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1)
                 if args.objective == "clip":
                     pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
                                                   args.clip_coef, args.max_is_ratio)
@@ -463,18 +468,20 @@ def train(args: Args) -> dict:
                     over_target_kl = True
                     break
 
+                # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
                 optimizer.zero_grad()
                 loss.backward()
                 if noise_scale is not None:  # --noise-scale: this minibatch's own gradient (torchrun: this worker's)
                     noise_scale.add(agent)
                 harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
-                if args.max_grad_norm is not None:
+                if args.max_grad_norm is not None:  # --max-grad-norm
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
                 gradient_steps += 1
                 if ewma_agent is not None:  # PPO-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
 
+                # statistics, averaged over the iteration's minibatches
                 with torch.no_grad():
                     logratio = new_logp - prox_logp
                     for name, value in (

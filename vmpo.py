@@ -364,6 +364,8 @@ def train(args: Args) -> dict:
             else:
                 minibatches = [(None, inds) for inds in torch.randperm(batch_size, device=device).split(minibatch_size)]
             for mb_envs, mb_inds in minibatches:
+                # the minibatch D: PopArt's statistics move to its returns, then pi and V of the online network on D
+                # and pi_target's log-probabilities (logged)
                 mb_obs, mb_actions, mb_returns = b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds]
                 if args.popart:  # statistics first, then regress onto targets normalized by them
                     agent.critic.update(mb_returns)
@@ -392,6 +394,7 @@ def train(args: Args) -> dict:
                          "kl_loss": kl_loss}
                 harness.check_finite(iteration, **parts)
 
+                # one Adam step on Eq. 10's loss, eta and alpha >= 1e-8; theta_target <- theta_online every T_target
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
@@ -400,6 +403,7 @@ def train(args: Args) -> dict:
                 if learning_steps % target_period == 0:  # theta_target <- theta_online every T_target steps
                     target_agent.load_state_dict(agent.state_dict())
 
+                # statistics, averaged over the iteration's learning steps
                 with torch.no_grad():
                     logratio = new_logp - target_logp
                     for name, value in parts.items():
