@@ -380,6 +380,7 @@ def train(args: Args) -> dict:
     # the hyperparameters the run trains with: Sec. 4's adjustments for a batch divided by c = --batch-divisor, with
     # Appendix B's for the auxiliary phase (apply_batch_divisor; checkpoints keep the flags they came from)
     args = apply_batch_divisor(flags)
+
     batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
@@ -394,6 +395,7 @@ def train(args: Args) -> dict:
     ewma_policy = copy.deepcopy(policy).requires_grad_(False) if args.ewma else None
     ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
 
+    # pi_prox of a minibatch: the EWMA network's policy
     def prox_pi_of(obs):
         """pi_prox of the EWMA network: a no-grad pass, on the CPU 64 frames at a time (memory only: the same
         numbers as one pass)."""
@@ -436,6 +438,7 @@ def train(args: Args) -> dict:
     ewma_weight = run.restored("ewma_weight", ewma_weight)
 
     for iteration in range(first_iteration, num_iterations + 1):
+        # a phase: N_pi iterations of the policy phase, then the auxiliary phase
         phase_iteration = (iteration - 1) % args.n_pi
         if phase_iteration == 0:
             phase_start = time.time()
@@ -489,6 +492,7 @@ def train(args: Args) -> dict:
         for epoch in range(args.update_epochs):  # E_pi epochs of the decoupled objective on the policy network
             run.updating(f"policy epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
+                # the minibatch's pi under theta, and pi_prox: the EWMA network's (PPG-EWMA) or pi_behav (PPG)
                 mb_obs, mb_advantages = b_obs[mb_inds].to(device), b_advantages[mb_inds]
                 mb_behav_logp = b_behav_logps[mb_inds]
                 new_pi = policy.get_pi(mb_obs)
@@ -498,6 +502,8 @@ def train(args: Args) -> dict:
                     prox_logp = categorical_log_prob_and_entropy(prox_pi, b_actions[mb_inds])[0]
                 else:  # PPG: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
+
+                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) - c_ent entropy (Sec. 2, Table 1)
                 if args.objective == "clip":
                     pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
                                                   args.clip_coef, args.max_is_ratio)
@@ -509,6 +515,7 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, entropy=entropy_loss)
 
+                # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
                 optimizer.zero_grad()
                 loss.backward()
                 if noise_scale is not None:  # --noise-scale: this minibatch's own gradient (torchrun: this worker's)
@@ -520,6 +527,7 @@ def train(args: Args) -> dict:
                 if ewma_policy is not None:  # PPG-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
 
+                # statistics, averaged over the iteration's minibatches
                 with torch.no_grad():
                     logratio, behav_logratio = new_logp - prox_logp, new_logp - mb_behav_logp
                     for name, value in (
@@ -534,6 +542,7 @@ def train(args: Args) -> dict:
             if noise_scale is not None:
                 noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
 
+        # then E_V epochs on the value network: one Adam step on c_VF L^value per minibatch
         for epoch in range(args.value_epochs):  # E_V epochs of L^value on the separate value network
             run.updating(f"value epoch {epoch + 1}/{args.value_epochs}")
             for mb_inds in epoch_minibatches(args):
@@ -553,6 +562,7 @@ def train(args: Args) -> dict:
             aux_stats = auxiliary_phase(policy, value_net, aux_optimizer, phase_obs, phase_returns, args.aux_epochs,
                                         args.aux_minibatch_size, args.shuffle_samples, args.beta_clone, iteration,
                                         device)
+            # statistics
             for name, value in aux_stats.items():
                 writer.add_scalar(f"losses/{name}", value, global_step)
             writer.add_scalar("charts/aux_learning_rate", aux_optimizer.param_groups[0]["lr"], global_step)

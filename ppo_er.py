@@ -234,8 +234,9 @@ def train(args: Args) -> dict:
         replay.push({"obs": obs.clone(), "actions": actions.clone(), "advantages": advantages, "returns": returns,
                      "behav_mean": behav_means.clone(), "behav_log_std": behav_log_stds.clone()})
 
+        # denominator of eq. (13) for all N*L stored samples: each sample's own behaviour policy, from its stored mu
+        # and sigma
         data = replay.data()
-        # denominator of eq. (13): each sample's own behaviour policy, from its stored mu and sigma
         b_behav_logps = gaussian_log_prob(data["actions"], data["behav_mean"], data["behav_log_std"])
         b_obs, b_actions, b_advantages, b_returns = data["obs"], data["actions"], data["advantages"], data["returns"]
         b_fresh = data["age"] == 0  # logging only: clipfrac of fresh and replayed samples (Sec. III-B's bias)
@@ -247,25 +248,30 @@ def train(args: Args) -> dict:
         for epoch in range(args.update_epochs):  # lines 8-16: T epochs of NL/M minibatches
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in replay.minibatch_indices(minibatch_size):
+                # the minibatch's pi and V under theta
                 mb_obs, mb_behav_logp, mb_advantages = b_obs[mb_inds], b_behav_logps[mb_inds], b_advantages[mb_inds]
                 mean, log_std = agent.get_pi(mb_obs).chunk(2, dim=-1)
                 new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
                 new_value = agent.get_value(mb_obs)
+                # --norm-adv: advantages standardized within the minibatch (the paper does not say)
                 if args.norm_adv:
                     mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
 
+                # the loss: -L^CLIP-ER (eq. 12) + c L^V (eq. 16); the entropy term is --ent-coef's (0, as in the paper)
                 pg_loss = ppo_er_loss(new_logp, mb_behav_logp, mb_advantages, clip_coef)
                 v_loss = ((new_value - b_returns[mb_inds]) ** 2).mean()  # L^V: MSE to the TD(lambda) targets
                 entropy_loss = gaussian_entropy(log_std).mean()
                 loss = pg_loss + args.vf_coef * v_loss - args.ent_coef * entropy_loss  # -L of eq. (16)
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
+                # one Adam step on theta (the two networks share no weight: eq. (16) optimized separately)
                 optimizer.zero_grad()
                 loss.backward()
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
+                # statistics, over the iteration's minibatches
                 with torch.no_grad():
                     logratio = new_logp - mb_behav_logp
                     ratio, mb_fresh = logratio.exp(), b_fresh[mb_inds]

@@ -312,6 +312,7 @@ def train(args: Args) -> dict:
         advantages, returns = compute_gae(scaled_rewards + stale.bootstraps, stale.values, stale.dones, next_value,
                                           stale.next_done, args.gamma, args.gae_lambda)
 
+        # the batch, its advantages normalized with the whole batch's mean and std
         b_obs = stale.obs.reshape((-1,) + obs_shape)
         b_actions, b_behav_pis = stale.actions.reshape(-1), stale.behav_pis.reshape(-1, num_actions)
         b_behav_logps, b_advantages = stale.behav_logps.reshape(-1), advantages.reshape(-1)
@@ -334,6 +335,7 @@ def train(args: Args) -> dict:
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
+                # the minibatch's pi and V under theta, and the two policies the objective picked
                 mb_inds = mb_inds.to(device)
                 new_pi, new_value = agent(b_obs[mb_inds])
                 new_logp, entropy = categorical_log_prob_and_entropy(new_pi, b_actions[mb_inds])
@@ -348,6 +350,7 @@ def train(args: Args) -> dict:
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
+                # one Adam step on theta (torchrun: on the workers' mean gradient)
                 optimizer.zero_grad()
                 loss.backward()
                 harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
@@ -355,6 +358,7 @@ def train(args: Args) -> dict:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
 
+                # statistics, averaged over the iteration's minibatches
                 with torch.no_grad():
                     logratio = new_logp - prox_logp
                     for name, value in (
