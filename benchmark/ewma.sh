@@ -9,7 +9,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/ewma"
-DATA=${RESULTS:-$ROOT/benchmark/results}/ewma.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/ewma.csv.xz  # the committed curves, which the tables and plots read
 
 if [ "$SCALE" = cpu ]; then
   env=Acrobot-v1 seeds="1 2 3"

@@ -14,7 +14,7 @@
 #                                       # CleanRL's ppo_procgen.py (CLEANRL: its file) for 10 iterations, then
 #                                       # starpilot (easy) at the main job's settings for 1M steps, seeds 1 and 2, in
 #                                       # float32 and with --bf16, the four runs side by side (runs/*__bf16-*)
-#   bash benchmark/gpu.sh bf16-plot [RUNS]  # those four curves (default: benchmark/results/gpu_bf16.csv.gz)
+#   bash benchmark/gpu.sh bf16-plot [RUNS]  # those four curves (default: benchmark/results/gpu_bf16.csv.xz)
 # Cost here (one H100, 16 CPU cores, 2026-11-22): see docs/speed.md#gpu.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +48,7 @@ case "${1:-}" in
     done; done
     wait ;;
   bf16-plot)
-    python3 benchmark/plot.py "${2:-benchmark/results/gpu_bf16.csv.gz}" --group "^starpilot__(bf16-\w+)__\d+__\d+$" \
+    python3 benchmark/plot.py "${2:-benchmark/results/gpu_bf16.csv.xz}" --group "^starpilot__(bf16-\w+)__\d+__\d+$" \
       --compare bf16-bf16=bf16-fp32 --out docs/img/gpu_bf16_starpilot_easy.png \
       --title "PPO-EWMA on starpilot (easy), --batch-divisor 4, one H200" \
       --label '^bf16-fp32$=float32' --label '^bf16-bf16$=--bf16' ;;

@@ -16,7 +16,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/invariance"
-DATA=${RESULTS:-$ROOT/benchmark/results}/invariance.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/invariance.csv.xz  # the committed curves, which the tables and plots read
 
 if [ "$SCALE" = cpu ]; then
   env=Acrobot-v1 envs=64

@@ -12,7 +12,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-1}
 OUT=${OUT:-$ROOT/benchmark/runs/mujoco}
-DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco.csv.xz  # the committed curves, which the tables and plots read
 
 runs() {
   for env in HalfCheetah-v5 Hopper-v5; do for seed in 1 2 3; do for L in 1 2; do echo "$env $seed $L"; done; done; done
@@ -43,12 +43,12 @@ if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DAT
 fi
 for env in HalfCheetah Hopper; do
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
-  grep -q "^$env-v5," <(zcat "$DATA") || continue
-  compare=$(grep -q "^$env-v5,ppo-er-L1," <(zcat "$DATA") && echo "--baseline ppo-er-L1" || true)  # once L = 1 ran
+  grep -q "^$env-v5," <(xzcat "$DATA") || continue
+  compare=$(grep -q "^$env-v5,ppo-er-L1," <(xzcat "$DATA") && echo "--baseline ppo-er-L1" || true)  # once L = 1 ran
   python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --window 0.1 $compare \
     --threshold "$threshold" --out "$ROOT/docs/img/mujoco_ppo_er_$env.png" --title "PPO vs PPO-ER, $env-v5, 1M steps" \
     --label '-L1$=PPO (L = 1)' --label '-L2$=PPO-ER (L = 2)'
-  grep -q "^$env-v5,ppo-er-L2,[0-9]*,losses/clipfrac," <(zcat "$DATA") || continue  # once an L = 2 run logged them
+  grep -q "^$env-v5,ppo-er-L2,[0-9]*,losses/clipfrac," <(xzcat "$DATA") || continue  # once an L = 2 run logged them
   for tag in losses/clipfrac losses/clipfrac_fresh losses/clipfrac_replayed losses/ratio_max charts/SPS; do
     python "$ROOT/benchmark/plot.py" "$DATA" --group "^${env}-v5__(ppo-er-L\d)__\d+__\d+$" --tag $tag --window 1
   done  # the diagnostics of docs/ppo_er.md: each a mean over all iterations

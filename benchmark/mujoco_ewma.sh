@@ -32,7 +32,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT=${OUT:-$ROOT/benchmark/runs/mujoco_ewma}
 SEEDS=${SEEDS:-1 2 3}
-DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco_ewma.csv.gz
+DATA=${RESULTS:-$ROOT/benchmark/results}/mujoco_ewma.csv.xz
 SETTINGS="--num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 --shuffle-samples --learning-rate 3e-4"
 SETTINGS="$SETTINGS --gamma 0.99 --gae-lambda 0.95 --clip-coef 0.2 --ent-coef 0 --total-timesteps 1000000"
 
@@ -74,7 +74,7 @@ if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the t
 fi
 FIGURES=("mujoco_ewma;ppo|com960;PPO-EWMA's centre of mass;--margin 0.15"  # image;variants;title;comparison
          "mujoco_ewma_ages;ppo|com(?:8|107|320)(?:-tkl)?|ppo-tkl;PPO-EWMA's other centres of mass;")
-logged=$(zcat "$DATA" 2> /dev/null | cut -d, -f1,2,4 | sort -u || true)  # env,variant,tag: what the runs logged
+logged=$(xzcat "$DATA" 2> /dev/null | cut -d, -f1,2,4 | sort -u || true)  # env,variant,tag: what the runs logged
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/ppo_ewma.md
   grep -q "^$env-v5," <<< "$logged" || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)

@@ -26,30 +26,29 @@ batch divisor c form a family, and the table gives each family's final return at
         --group '__(all_c\\d+)__\\d+__\\d+$' --divisor-regex '_c(\\d+)$' --title 'PPG-EWMA, Acrobot-v1' \\
         --label '_c1$=c = 1 (64 envs)' --label '_c4$=c = 4 (16 envs)'
 
-Committed run data, `benchmark/results/<experiment>.csv.gz`: one row per logged value, columns env, variant,
-seed, tag, step, value (float32, as in the event file), sorted. `--export FILE.csv.gz` writes the `--tags`
-curves of the runs in the folder into FILE instead of printing tables, the variant being `--group`'s group 1
-(default: the exp_name). It replaces the rows of the same (env, variant, seed) and keeps the others; run twice,
-it writes the same bytes. Export finished runs only (the scripts link them into a folder of their own). A run
-with more than 5,000 episodes keeps the mean of each k consecutive episodes instead (the smallest k that leaves
-at most 5,000), at the step of the block's last episode (a --threshold then counts 100 blocks, not episodes);
-per-iteration tags (charts/SPS, whose last step gives the run's length; kl/mean) are kept whole. A row costs
-about 9 bytes compressed: a 1M-step MuJoCo run (1,000 episodes of HalfCheetah to about 3,000 of Hopper, and 489
-iterations of 2,048 steps) takes 13 to 30 kB, so the folder's 10 MB holds some 300 of them. Given FILE.csv.gz
-in place of the folder, each (env, variant, seed) of it acts as a run directory named
+Committed run data, `benchmark/results/<experiment>.csv.xz`: one row per curve, columns env, variant, seed, tag,
+steps, values, the last two its points in step order, separated by spaces (values float32, as in the event file),
+rows sorted (a row per curve, and xz, each take about two thirds of the bytes of a row per point, and gzip).
+`--export FILE.csv.xz` writes the `--tags` curves of the runs in the folder into FILE instead of printing tables,
+the variant being `--group`'s group 1 (default: the exp_name). It replaces the curves of the same (env, variant,
+seed) and keeps the others; run twice, it writes the same bytes. Export finished runs only (the scripts link them
+into a folder of their own). A run with more than 5,000 episodes keeps the mean of each k consecutive episodes
+instead (the smallest k that leaves at most 5,000), at the step of the block's last episode (a --threshold then
+counts 100 blocks, not episodes); per-iteration tags (charts/SPS, whose last step gives the run's length; kl/mean)
+are kept whole. A point costs about 5 bytes compressed: a 1M-step MuJoCo run (1,000 episodes of HalfCheetah to
+about 3,000 of Hopper, and 489 iterations of 2,048 steps) takes 7 to 19 kB, so 8 MB holds some 600 of them. Given
+FILE.csv.xz in place of the folder, each (env, variant, seed) of it acts as a run directory named
 `{env}__{variant}__{seed}__0`, so the same flags give the same tables and plots:
 
-    python benchmark/plot.py benchmark/runs/mujoco_ewma/finished --export benchmark/results/mujoco_ewma.csv.gz
-    python benchmark/plot.py benchmark/results/mujoco_ewma.csv.gz --group '^(.+__(?:ppo|com960))__\\d+__\\d+$' \\
+    python benchmark/plot.py benchmark/runs/mujoco_ewma/finished --export benchmark/results/mujoco_ewma.csv.xz
+    python benchmark/plot.py benchmark/results/mujoco_ewma.csv.xz --group '^(.+__(?:ppo|com960))__\\d+__\\d+$' \\
         --baseline ppo --margin 0.15
 """
 import argparse
 import csv
 import functools
 import glob
-import gzip
-import io
-import itertools
+import lzma
 import os
 import re
 import shlex
@@ -65,9 +64,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 def read_scalars(run_dir, tag):
     """(steps, values) of one scalar tag in a run directory, every event kept; or of one run of a committed table,
-    named FILE.csv.gz/{env}__{variant}__{seed}__0."""
+    named FILE.csv.xz/{env}__{variant}__{seed}__0."""
     table, name = os.path.split(os.path.normpath(run_dir))
-    if table.endswith(".csv.gz"):
+    if table.endswith(".csv.xz"):
         return read_committed(table)[name].get(tag, (np.zeros(0), np.zeros(0)))
     events = EventAccumulator(run_dir, size_guidance={"scalars": 0})
     events.Reload()
@@ -460,14 +459,15 @@ def plot(groups, tag, out, title, labels=(), threshold=None, num_bins=40):
     return legend, text
 
 
-COLUMNS = ["env", "variant", "seed", "tag", "step", "value"]
+COLUMNS = ["env", "variant", "seed", "tag", "steps", "values"]
 EPISODE_TAGS = ("charts/episodic_return", "charts/episodic_length")  # one value per episode: downsampled
 MAX_EPISODES = 5000
 
 
 def read_rows(path):
-    """The rows of a committed table, header left out, as strings."""
-    with gzip.open(path, "rt", newline="") as text:
+    """The rows of a committed table, one per curve, header left out, as strings."""
+    csv.field_size_limit(2**31 - 1)  # a curve is a field: 25,000 iterations outgrow csv's default 128 kB
+    with lzma.open(path, "rt", newline="") as text:
         return list(csv.reader(text))[1:]
 
 
@@ -475,15 +475,22 @@ def read_rows(path):
 def read_committed(path):
     """{"{env}__{variant}__{seed}__0": {tag: (steps, values)}} of a committed table; values as float32, like events."""
     runs = defaultdict(dict)
-    for (env, variant, seed, tag), rows in itertools.groupby(read_rows(path), lambda row: tuple(row[:4])):
-        steps, values = np.array([row[4:] for row in rows]).T
-        runs[f"{env}__{variant}__{seed}__0"][tag] = steps.astype(float), values.astype(np.float32).astype(float)
+    for env, variant, seed, tag, steps, values in read_rows(path):
+        runs[f"{env}__{variant}__{seed}__0"][tag] = (np.array(steps.split()).astype(float),
+                                                    np.array(values.split()).astype(np.float32).astype(float))
     return dict(runs)
 
 
+def write_rows(path, rows):
+    """Write a committed table: the header, then the rows (xz's header holds no time: same rows, same bytes)."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with lzma.open(path, "wt", newline="") as text:
+        csv.writer(text, lineterminator="\n").writerows([COLUMNS] + rows)
+
+
 def list_runs(source):
-    """The run directories in a folder, or the runs of a committed table as FILE.csv.gz/{env}__{variant}__{seed}__0."""
-    if source.endswith(".csv.gz"):
+    """The run directories in a folder, or the runs of a committed table as FILE.csv.xz/{env}__{variant}__{seed}__0."""
+    if source.endswith(".csv.xz"):
         return [os.path.join(source, name) for name in read_committed(source)]
     return glob.glob(os.path.join(source, "*", ""))
 
@@ -500,8 +507,8 @@ def downsample(steps, values, max_points=MAX_EPISODES):
 
 
 def export(path, run_dirs, pattern, tags):
-    """Write the `tags` curves of the runs into the committed table at `path`: rows of the same (env, variant, seed)
-    replaced, the others kept, all sorted, no time in the gzip header: exporting twice changes no byte."""
+    """Write the `tags` curves of the runs into the committed table at `path`: curves of the same (env, variant, seed)
+    replaced, the others kept, all sorted: exporting twice changes no byte."""
     runs = defaultdict(list)  # per env and variant: a variant may span envs here, env being a column of its own
     for variant, dirs in group_runs(run_dirs, pattern).items():
         for run_dir in dirs:
@@ -517,17 +524,17 @@ def export(path, run_dirs, pattern, tags):
             for tag in tags:
                 steps, values = read_scalars(run_dir, tag)
                 steps, values = downsample(steps, values) if tag in EPISODE_TAGS else (steps, values)
-                new += [[env, variant, str(seed), tag, str(int(s)), str(np.float32(v))] for s, v in zip(steps, values)]
+                if len(steps):  # a tag the run never logged gets no row
+                    order = np.argsort(steps, kind="stable")  # by step; the points of one step in logged order
+                    new.append([env, variant, str(seed), tag, " ".join(str(int(s)) for s in steps[order]),
+                                " ".join(str(np.float32(v)) for v in values[order])])
     replaced = {tuple(row[:3]) for row in new}
     old = [row for row in read_rows(path) if tuple(row[:3]) not in replaced] if os.path.exists(path) else []
-    rows = sorted(old + new, key=lambda row: (*row[:2], int(row[2]), row[3], int(row[4])))  # stable: logged order kept
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "wb") as raw, gzip.GzipFile("", "wb", fileobj=raw, mtime=0) as packed:
-        with io.TextIOWrapper(packed, newline="") as text:
-            csv.writer(text, lineterminator="\n").writerows([COLUMNS] + rows)
+    rows = sorted(old + new, key=lambda row: (*row[:2], int(row[2]), row[3]))
+    write_rows(path, rows)
     read_committed.cache_clear()
-    print(f"{path}: {len(new):,} rows from {len(replaced)} runs; in all {len(rows):,} rows, "
-          f"{os.path.getsize(path):,} bytes")
+    print(f"{path}: {len(new):,} curves from {len(replaced)} runs; in all {len(rows):,} curves, "
+          f"{sum(len(row[4].split()) for row in rows):,} points, {os.path.getsize(path):,} bytes")
 
 
 class ShowDefaults(argparse.HelpFormatter):
@@ -540,7 +547,7 @@ class ShowDefaults(argparse.HelpFormatter):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=ShowDefaults)
-    parser.add_argument("runs", help="folder whose subfolders are run directories, or a committed FILE.csv.gz")
+    parser.add_argument("runs", help="folder whose subfolders are run directories, or a committed FILE.csv.xz")
     parser.add_argument("--group", help=f"regex; group 1 names a run's variant (default: {EXP_NAME}, or "
                         f"{ENV_AND_EXP_NAME} when the runs hold several env ids)")
     parser.add_argument("--tag", default="charts/episodic_return", help="the scalar to draw and tabulate")
@@ -571,8 +578,8 @@ def main(argv=None):
     parser.add_argument("--normalize", action="append", default=[], metavar="ENV=RANDOM,REFERENCE",
                         help="score 0 at RANDOM, 1 at REFERENCE on ENV (repeatable); print the IQM over these envs "
                         "with its 95%% stratified bootstrap interval")
-    parser.add_argument("--export", metavar="FILE.csv.gz", help="instead of tables, write the runs' --tags curves into "
-                        "this committed table (replacing the rows of the same env, variant and seed)")
+    parser.add_argument("--export", metavar="FILE.csv.xz", help="instead of tables, write the runs' --tags curves into "
+                        "this committed table (replacing the curves of the same env, variant and seed)")
     parser.add_argument("--tags", nargs="+", metavar="TAG", default=["charts/episodic_return", "charts/SPS"],
                         help="with --export: the scalars to keep")
     args = parser.parse_args(argv)

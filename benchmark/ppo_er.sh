@@ -9,7 +9,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/ppo_er"
-DATA=${RESULTS:-$ROOT/benchmark/results}/ppo_er.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/ppo_er.csv.xz  # the committed curves, which the tables and plots read
 steps=$([ "$SCALE" = cpu ] && echo 100000 || echo 1000000)
 
 runs() {

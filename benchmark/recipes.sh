@@ -14,7 +14,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/recipes"
-DATA=${RESULTS:-$ROOT/benchmark/results}/recipes.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/recipes.csv.xz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3; do

@@ -16,7 +16,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-1}
 OUT="$ROOT/benchmark/runs/regime"
-DATA=${RESULTS:-$ROOT/benchmark/results}/regime.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/regime.csv.xz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3 4; do

@@ -12,7 +12,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/staleness"
-DATA=${RESULTS:-$ROOT/benchmark/results}/staleness.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/staleness.csv.xz  # the committed curves, which the tables and plots read
 if [ "$SCALE" = cpu ]; then
   envs=CartPole-v1 seeds="1 2 3"
 else  # the paper's Fig. 1: 4 seeds

@@ -12,7 +12,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 OUT="$ROOT/benchmark/runs/torchrun"
-DATA=${RESULTS:-$ROOT/benchmark/results}/torchrun.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/torchrun.csv.xz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3; do

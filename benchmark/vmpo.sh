@@ -10,7 +10,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SCALE=${SCALE:-cpu}
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/vmpo"
-DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo.csv.xz  # the committed curves, which the tables and plots read
 
 runs() {
   for seed in 1 2 3; do

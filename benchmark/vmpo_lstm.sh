@@ -17,7 +17,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT="$ROOT/benchmark/runs/vmpo_lstm"
-DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo_lstm.csv.gz  # the committed curves, which the tables and plots read
+DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo_lstm.csv.xz  # the committed curves, which the tables and plots read
 MASKED="--env-id masked_cartpole:MaskedCartPole-v1 --num-envs 16 --num-steps 64 --num-minibatches 2 --norm-obs True"
 MASKED="$MASKED --gamma 0.99 --total-timesteps 400000 --learning-rate 1e-3 --multiplier-lr 1e-2"
 RECIPE="--env-id CartPole-v1 --num-envs 8 --num-steps 128 --num-minibatches 4 --gamma 0.99 --total-timesteps 150000"
@@ -59,7 +59,7 @@ plot CartPole-v1 \
 for env in masked_cartpole-MaskedCartPole-v1 CartPole-v1; do  # steps per second: the cost of the core
   plot "$env" --tag charts/SPS --ratio | tail -n +3
 done
-if grep -q ",lstm-800k," <(zcat "$DATA"); then  # the confirmation: 800k steps, seeds 4-6
+if grep -q ",lstm-800k," <(xzcat "$DATA"); then  # the confirmation: 800k steps, seeds 4-6
   SUFFIX=-800k plot masked_cartpole-MaskedCartPole-v1 --out "$ROOT/docs/img/vmpo_lstm_masked_cartpole_800k.png" \
     --title "V-MPO on CartPole-v1 without velocities, 800k steps, seeds 4-6" \
     --label '^lstm-800k$=--lstm (LSTM core, Fig. 1b)' --label '^ff-800k$=feed-forward, --whole-unrolls'

@@ -20,7 +20,7 @@ set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 JOBS=${JOBS:-2}
 OUT=${OUT:-$ROOT/benchmark/runs/mujoco}
-DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo_mujoco.csv.gz
+DATA=${RESULTS:-$ROOT/benchmark/results}/vmpo_mujoco.csv.xz
 EVAL=${RESULTS:-$ROOT/benchmark/results}/vmpo_mujoco_eval.csv
 VMPO="vmpo.py --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 --gamma 0.99"
 VMPO="$VMPO --learning-rate 3e-4 --multiplier-lr 1e-2 --total-timesteps 1000000"
@@ -95,9 +95,9 @@ if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the t
     kl/temperature charts/eta charts/alpha_mean charts/alpha_std
 fi
 for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/vmpo.md
-  grep -q "^$env-v5,vmpo," <(zcat "$DATA" 2> /dev/null) || continue
+  grep -q "^$env-v5,vmpo," <(xzcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
-  compare=$(grep -q "^$env-v5,ppo," <(zcat "$DATA") && echo "--baseline ppo" || true)  # once PPO has a run there
+  compare=$(grep -q "^$env-v5,ppo," <(xzcat "$DATA") && echo "--baseline ppo" || true)  # once PPO has a run there
   group="^${env}-v5__(vmpo|ppo)__\d+__\d+$"
   python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --threshold "$threshold" $compare \
     --out "$ROOT/docs/img/vmpo_mujoco_$env.png" --title "V-MPO and PPO, $env-v5, 1M steps" \
@@ -107,7 +107,7 @@ for env in HalfCheetah Hopper Walker2d; do  # the tables and figures of docs/vmp
   done
 done
 for env in Hopper Walker2d; do  # the ablation's table, against the recipe and against PPO, and its figure
-  grep -q "^$env-v5,vmpo-" <(zcat "$DATA" 2> /dev/null) || continue
+  grep -q "^$env-v5,vmpo-" <(xzcat "$DATA" 2> /dev/null) || continue
   group="^(${env}-v5__(?:vmpo|${ABLATION// /|}|ppo))__\d+__\d+$"
   python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --baseline vmpo --ratio --threshold 1500 \
     --out "$ROOT/docs/img/vmpo_ablation_$env.png" --title "V-MPO, one change each, $env-v5, 1M steps" \
@@ -119,7 +119,7 @@ for env in Hopper Walker2d; do  # the ablation's table, against the recipe and a
   done
 done
 for env in Hopper Walker2d HalfCheetah; do  # part two: each change against the recipe and PPO, the mean's KL, figures
-  grep -q "^$env-v5,vmpo-\(mean-bound\|gae\|rerun\)" <(zcat "$DATA" 2> /dev/null) || continue
+  grep -q "^$env-v5,vmpo-\(mean-bound\|gae\|rerun\)" <(xzcat "$DATA" 2> /dev/null) || continue
   threshold=$([ $env = HalfCheetah ] && echo 1000 || echo 1500)
   group="^(${env}-v5__(?:vmpo|${PART2// /|}|ppo))__\d+__\d+$"
   python "$ROOT/benchmark/plot.py" "$DATA" --group "$group" --baseline vmpo --ratio --threshold "$threshold" \
@@ -131,7 +131,7 @@ for env in Hopper Walker2d HalfCheetah; do  # part two: each change against the 
       | tail -n +3
   done
 done
-if grep -q "^Walker2d-v5,5m-" <(zcat "$DATA" 2> /dev/null); then  # 5M steps: each run as it stood at 1M, 2M and 5M
+if grep -q "^Walker2d-v5,5m-" <(xzcat "$DATA" 2> /dev/null); then  # 5M steps: each run as it stood at 1M, 2M and 5M
   for at in 1000000 2000000 5000000; do
     python "$ROOT/benchmark/plot.py" "$DATA" --group '^(Walker2d-v5__5m-[a-z0-9.-]+)__\d+__\d+$' --at "$at" \
       --baseline 5m-ppo --ratio

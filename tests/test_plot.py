@@ -1,6 +1,7 @@
 """benchmark/plot.py on event files the test writes (two variants, two seeds, three points each), its statistics on
-small worked examples, and the committed .csv.gz run data."""
-import gzip
+small worked examples, and the committed .csv.xz run data."""
+import csv
+import lzma
 import os
 import sys
 
@@ -292,7 +293,7 @@ def test_a_long_run_is_exported_as_means_of_consecutive_episodes(tmp_path):
     for step in (25_000, 50_010):
         writer.add_scalar("charts/SPS", 1234.5678, step)  # not a float32 number: the event file holds 1234.5677...
     writer.close()
-    table = str(tmp_path / "long.csv.gz")
+    table = str(tmp_path / "long.csv.xz")
     plot.main([str(tmp_path / "runs"), "--export", table])
     steps, values = plot.read_scalars(os.path.join(table, "Hopper-v5__ppo__1__0"), "charts/episodic_return")
     assert len(steps) == 2501 and steps[:2].tolist() == [20, 40] and steps[-1] == 50_010
@@ -306,13 +307,15 @@ def test_committed_data_gives_the_same_tables_as_the_event_files(runs, capsys):
     flags = ["--window", "0.5", "--divisor-regex", r"_c(\d+)$", "--compare", "a_c1=a_c4", "--threshold", "20"]
     plot.main([str(runs)] + flags)
     from_events = capsys.readouterr().out
-    table = str(runs / "results" / "invariance.csv.gz")  # its folder is made
+    table = str(runs / "results" / "invariance.csv.xz")  # its folder is made
     plot.main([str(runs), "--export", table])
     assert "4 runs" in capsys.readouterr().out
-    with gzip.open(table, "rt") as text:  # long format, sorted; the runs logged no SPS, so it has no rows
-        assert text.read().startswith("env,variant,seed,tag,step,value\n"
-                                      "CartPole-v1,a_c1,1,charts/episodic_return,0,10.0\n"
-                                      "CartPole-v1,a_c1,1,charts/episodic_return,50,20.0\n")
+    with lzma.open(table, "rt") as text:  # a curve per row, sorted; the runs logged no SPS, so it has no rows
+        assert text.read() == ("env,variant,seed,tag,steps,values\n"
+                               "CartPole-v1,a_c1,1,charts/episodic_return,0 50 100,10.0 20.0 30.0\n"
+                               "CartPole-v1,a_c1,2,charts/episodic_return,0 50 100,10.0 40.0 50.0\n"
+                               "CartPole-v1,a_c4,1,charts/episodic_return,0 50 100,10.0 10.0 20.0\n"
+                               "CartPole-v1,a_c4,2,charts/episodic_return,0 50 100,0.0 10.0 10.0\n")
     plot.main([table] + flags)
     assert capsys.readouterr().out == from_events
     legend, _ = plot.plot(plot.group_runs(plot.list_runs(table), plot.EXP_NAME), "charts/episodic_return",
@@ -321,19 +324,33 @@ def test_committed_data_gives_the_same_tables_as_the_event_files(runs, capsys):
 
 
 def test_re_export_is_idempotent_and_replaces_only_its_runs(runs, tmp_path):
-    table = str(tmp_path / "invariance.csv.gz")
+    table = str(tmp_path / "invariance.csv.xz")
     plot.main([str(runs), "--export", table])
     first = open(table, "rb").read()
     plot.main([str(runs), "--export", table])
     assert open(table, "rb").read() == first  # the same bytes: no diff in git
-    assert first[4:8] == bytes(4)  # the gzip header's time is 0, not the time of the export
-    # a rerun of a_c1's seed 1 elsewhere replaces that run's rows; the other three runs stay as they were
+    assert first.startswith(b"\xfd7zXZ\x00")  # xz, whose header holds no time
+    # a rerun of a_c1's seed 1 elsewhere replaces that run's curve; the other three runs stay as they were
     write_run(tmp_path / "rerun", "CartPole-v1__a_c1__1__900", [(0, 1), (100, 2)])
     plot.main([str(tmp_path / "rerun"), "--export", table])
     rows = plot.read_rows(table)
-    assert [row for row in rows if row[1:3] == ["a_c1", "1"]] == [
-        ["CartPole-v1", "a_c1", "1", "charts/episodic_return", "0", "1.0"],
-        ["CartPole-v1", "a_c1", "1", "charts/episodic_return", "100", "2.0"]]
-    assert len(rows) == 2 + 3 * 3
+    assert [row[1:3] for row in rows] == [["a_c1", "1"], ["a_c1", "2"], ["a_c4", "1"], ["a_c4", "2"]]  # sorted
+    assert rows[0] == ["CartPole-v1", "a_c1", "1", "charts/episodic_return", "0 100", "1.0 2.0"]
+    assert sum(len(row[4].split()) for row in rows) == 2 + 3 * 3  # the rerun's 2 points, the others' 3 each
     plot.main([str(runs), "--export", table])
     assert open(table, "rb").read() == first
+
+
+def test_a_curve_longer_than_csvs_default_field_limit_round_trips(tmp_path):
+    # 20,000 iterations of charts/SPS, "1234.5677 " each: 200,000 characters in one field, over csv's default limit
+    # of 131,072 (a 100M-step Procgen run at --batch-divisor 16, 16 envs x 256 steps, logs 24,414)
+    run = str(tmp_path / "runs" / "starpilot__ppo__1__0")
+    writer = SummaryWriter(run)
+    for i in range(20_000):
+        writer.add_scalar("charts/SPS", 1234.5678, 16 * (i + 1))
+    writer.close()
+    table = str(tmp_path / "sps.csv.xz")
+    plot.main([str(tmp_path / "runs"), "--export", table, "--tags", "charts/SPS"])
+    csv.field_size_limit(131_072)  # the default, as in a fresh process (an earlier read raised it)
+    steps, values = plot.read_scalars(os.path.join(table, "starpilot__ppo__1__0"), "charts/SPS")
+    assert len(steps) == 20_000 and steps[-1] == 320_000 and set(values) == {float(np.float32(1234.5678))}
