@@ -1,15 +1,16 @@
 """Run plumbing for the scripts of this repository: what every run needs and no paper describes (checks, device,
-run directory, progress, checkpoints, evaluation, torchrun), and what several scripts build with (the Procgen
-adapter, flattened observations, chunked passes, the gradient noise scale). A script describes itself in a `Script`
-and calls, from train():
+run directory, progress, evaluation, video, experiment tracking, torchrun), and what several scripts build with (the
+Procgen adapter, flattened observations, chunked passes). Checkpoints are checkpoints.py's. A script describes itself
+in a `Script` and calls, from train():
 
     flags, checkpoint = harness.run_flags(args, SCRIPT)          # the flags, checked; with --resume the checkpoint's
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # workers, checks, seeds, device, envs, run dir
-    global_step, first_iteration, next_obs, next_done = run.restore(harness.Saved(...), next_obs, next_done)
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, torchrun workers, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))          # the script's envs; run dir, TensorBoard, start-up
+    global_step, first_iteration, next_obs, next_done = run.restore(checkpoints.Saved(...), next_obs, next_done)
     run.after_step(global_step, info)                 # every env step: finished episodes, progress
     run.end_rollout()                                 # the rollout's episodes to TensorBoard
     run.updating(f"epoch {epoch + 1}/{epochs}")       # what the progress line says during the update
-    run.end_iteration(iteration, global_step, ...)    # SPS, checkpoint, a requested stop
+    run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.pt, closing line
 
 This module never imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient
@@ -18,21 +19,20 @@ steps are the scripts' own.
 import ctypes
 import dataclasses
 import difflib
-import enum
-import glob
+import fcntl
 import importlib.util
 import os
 import platform
 import random
+import re
 import reprlib
 import shlex
 import shutil
 import signal
+import stat
 import sys
 import threading
 import time
-import typing
-import zipfile
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Optional
@@ -44,6 +44,8 @@ import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+import checkpoints
+
 CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.pt: at most this much work is lost to a crash
 EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this, apart from every training env
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
@@ -53,7 +55,12 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)",
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
 OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every")  # --resume always takes these from its command line
-TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # --resume: from its command line where given there
+TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data goes: the command line's, never a file's
+NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
+ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
+LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
+VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
+BF16_ON_CPU = "measured in docs/speed.md#--bf16-on-the-cpu"  # said at the start of a CPU run with --bf16
 EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
               *TRACKING_FLAGS)
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
@@ -99,10 +106,12 @@ class RunArgs:
     sub-action; the Gaussian's mean, clipped to the bounds), as SB3's evaluate_policy(deterministic=True); default:
     actions sampled, as in training"""
     capture_video: bool = False
-    """with --eval-checkpoint: record every episode into the evaluation's run directory (needs moviepy)"""
+    """record videos into the run directory's videos/: in training env 0's episodes 0, 1, 8, 27, ..., 729, then every
+    1000th (Gymnasium's capped cubic schedule, as CleanRL's); with --eval-checkpoint every episode (needs moviepy, and
+    pygame for classic control or a headless OpenGL for MuJoCo)"""
     track: bool = False
     """log the run to Weights & Biases (needs wandb): the TensorBoard scalars synced, the flags as the run's config;
-    --resume continues the same W&B run"""
+    --resume continues the same W&B run where --track is given again (a checkpoint never turns tracking on)"""
     wandb_project_name: str = "policy-optimization"
     """the W&B project of --track"""
     wandb_entity: Optional[str] = None
@@ -123,20 +132,6 @@ def worker_share(args, rank: int, world_size: int):
     return dataclasses.replace(args, num_envs=num_envs, seed=args.seed + rank * num_envs)
 
 
-@dataclass
-class Saved:
-    """The script's objects that a checkpoint holds, each {name: object}; None entries are left out. The checkpoint
-    also holds the env stack's own state and statistics (NormalizeObservation's, NormalizeReward's) and the RNGs."""
-
-    models: dict  # modules (their state dicts)
-    optimizers: dict  # optimizers (their state dicts)
-    normalizers: dict = dataclasses.field(default_factory=dict)  # running statistics kept outside the env stack
-
-    def __post_init__(self):
-        self.models = {name: model for name, model in self.models.items() if model is not None}
-        self.normalizers = {name: normalizer for name, normalizer in self.normalizers.items() if normalizer is not None}
-
-
 @dataclass(kw_only=True)
 class Script:
     """What the harness needs to know of a script: everything that is the script's own."""
@@ -145,7 +140,8 @@ class Script:
     doc: str  # its docstring: the first paragraph names the algorithm, the `python ...` lines are its recipes
     args_type: type  # its Args dataclass
     make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
-    acting_policy: Callable  # (args, envs, {name: state dict}, device) -> act(obs) -> env actions, for evaluation
+    acting_policy: Callable  # (args, envs, load, device) -> act(obs) -> env actions, for evaluation; load(module,
+    # name) puts the weights `name` into module, checked
     flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
     check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the run's Args
     describe: Callable = describe  # (the run's args, num_iterations) -> the start-up block's "steps" line
@@ -156,6 +152,7 @@ class Script:
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
     missing_flags: dict = dataclasses.field(default_factory=dict)  # flags added later, as older checkpoints trained
+    checkpoint_keys: tuple = ()  # its own keys in checkpoints (the names of its checkpoints.Saved keys)
 
     @property
     def name(self) -> str:
@@ -278,79 +275,28 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
     return torch.cat([forward(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
-def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
-    """Unbiased (|G|^2, tr(Sigma)) from gradients' squared norms over two batch sizes (McCandlish et al., 2018, App. A):
-    |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), tr(Sigma) = (|G_small|^2 - |G_big|^2) /
-    (1/B_small - 1/B_big)."""
-    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
-    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
-    return grad_sq, trace
-
-
-class GradientNoiseScale:
-    """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
-    minibatch gradients (B_small) and their mean (B_big: the epoch) give one estimate of both parts, averaged over the
-    iteration's epochs and smoothed by an EWMA over iterations before the ratio is taken, as McCandlish et al.
-    recommend; the ratio is nan while the EWMA of |G|^2 (often negative near a stationary point) is not positive."""
-
-    def __init__(self, decay=0.9):
-        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
-        self.sq_norms, self.grad_sum, self.epochs = [], None, []
-
-    @torch.no_grad()
-    def add(self, *modules):
-        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
-        grad = torch.cat([p.grad.reshape(-1) for module in modules for p in module.parameters() if p.grad is not None])
-        self.sq_norms.append(grad.square().sum())
-        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
-
-    def end_epoch(self, minibatch_size):
-        num_minibatches = len(self.sq_norms)
-        if num_minibatches > 1:  # two batch sizes are needed
-            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
-            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
-                                                     big_sq_norm, num_minibatches * minibatch_size))
-        self.sq_norms, self.grad_sum = [], None
-
-    def end_iteration(self):
-        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
-        if self.epochs:
-            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
-            self.weight = self.decay * self.weight + 1.0
-            self.grad_sq = self.decay * self.grad_sq + grad_sq
-            self.trace = self.decay * self.trace + trace
-            self.epochs = []
-        if not self.weight:
-            return float("nan"), float("nan"), float("nan")
-        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
-        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
-
-    def log(self, writer, global_step, minibatch_size) -> None:
-        """The iteration's estimates to TensorBoard, next to the minibatch size they are compared with."""
-        b_simple, grad_sq, trace = self.end_iteration()
-        writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
-        writer.add_scalar("charts/grad_noise_trace", trace, global_step)
-        writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
-        writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
-
-
 # ------------------------------------------------------------------------------------- a run's life
 def run_flags(args, script: Script) -> tuple:
     """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
     with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None)."""
     args, checkpoint = resume_from(args, script)
-    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
-    name = args.exp_name
-    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", ".."):
-        raise SystemExit(f"--exp-name {name!r} must be a plain name (no '/'): it names the run's directory in runs/.")
+    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
+                 f"--resume {args.resume}: the checkpoint's flag ")
+    name, directory = args.exp_name, script.run_name(args)
+    if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
+        raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
+                         f"{len(directory)} characters; at most 240 fit: shorten them.")
+    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
+        raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most {NAME_LENGTH} "
+                         f"characters: it names the run's directory in runs/.")
     return args, checkpoint
 
 
 def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
-    """Everything between the flags and the algorithm's first line: torchrun workers, the checks of the run's Args
-    (before any work and before a run directory exists), seeds, device, envs, run directory, start-up block and
-    TensorBoard writer. args: the hyperparameters the run trains with (num_envs: the total over all workers); flags:
-    run_flags' flags they were made from, which checkpoints keep (default: args)."""
+    """Everything between the flags and the algorithm's first line, up to the envs, which the script makes next: the
+    torchrun workers, the checks of the run's Args (before any work and before a run directory exists), seeds and
+    device. args: the hyperparameters the run trains with (num_envs: the total over all workers); flags: run_flags'
+    flags they were made from, which checkpoints keep (default: args). Then run.open(envs)."""
     flags = args if flags is None else flags
     rank, world_size = start_workers(args, flags, script)
     check_args(args, script)
@@ -358,50 +304,25 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     seed_everything(run_args.seed)
     torch.backends.cudnn.deterministic = run_args.torch_deterministic
     device, device_note = choose_device(args.cuda)
-    if args.bf16 and device.type == "cpu":  # measured slower on both CPUs tried, with and without AMX
-        print("warning: --bf16 was measured slower than float32 on the CPU (an iteration of the main job 0.84x on an "
-              "Intel Xeon without AMX; the CNN's update 0.97x with AMX): docs/speed.md#--bf16-on-the-cpu.")
-    envs = script.make_env(run_args)
-    tune_cpu(device, args.torch_threads, envs.single_observation_space.shape)
-    run_dir = make_run_dir(args, script.run_name(run_args)) if rank == 0 else None
-    lines = {"steps": script.describe(args, num_iterations)}
-    if checkpoint is not None:
-        lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
-                             f"from {args.resume}")
-    if dist.is_initialized():
-        lines["workers"] = (f"{plural(world_size, 'torchrun worker')} ({dist.get_backend()}), each with "
-                            f"{run_args.num_envs} envs and seed {run_args.seed} + {run_args.num_envs} x rank; the "
-                            f"flags printed and logged are rank 0's share")
-    if args.eval_every:
-        lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
-    wandb_run_id = start_tracking(flags, run_dir, checkpoint) if args.track and rank == 0 else None  # before writer
-    writer = open_writer(run_dir, run_args, checkpoint) if rank == 0 else NoWriter()  # torchrun: only rank 0 logs
-    run = Run(script, flags, run_args, checkpoint, rank, world_size, device, envs, run_dir, writer, num_iterations)
-    run.wandb_run_id = wandb_run_id
-    print_startup(script, run_args.env_id, device_note, run_dir,  # from the start-up block on
-                  dict(lines, saves=saves_note(args, world_size)))
-    suggest_recipe(args, script)
-    before = script.defaults(flags)  # the hyperparameters the script adjusted (e.g. for --batch-divisor), said once
-    changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(args, name)}" for name in vars(before)
-                        if getattr(before, name) != getattr(args, name))
-    if changes:
-        print(f"adjusted from the flags:\n{changes}")
-        if checkpoint is None:
-            writer.add_text("adjusted", changes.replace("\n", "  \n"))
-    return run
+    if args.bf16 and device.type == "cpu":
+        print(f"note: --bf16 on the CPU: {BF16_ON_CPU}")
+    return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
 
 
-def start_tracking(args, run_dir: str, checkpoint) -> str:
+def start_tracking(args, run_dir: str, run_id=None) -> str:
     """--track: a W&B run (its id returned, for checkpoints) that syncs the TensorBoard scalars, with the flags as its
-    config; a resumed run continues the W&B run of its checkpoint. W&B's history only grows: the steps that a
-    resume replays (logged after the last checkpoint by the run that stopped) appear twice there, where TensorBoard
-    keeps only the resumed run's."""
+    config; run_id (a resumed run's, checked by resume_from) continues that W&B run. W&B's history only grows: the
+    steps that a resume replays (logged after the last checkpoint by the run that stopped) appear twice there, where
+    TensorBoard keeps only the resumed run's."""
     import wandb
 
-    run_id = checkpoint.get("wandb_run_id") if checkpoint else None
-    run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
-                     name=os.path.basename(os.path.normpath(run_dir)), id=run_id, resume="must" if run_id else None,
-                     sync_tensorboard=True)
+    try:
+        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
+                         name=os.path.basename(os.path.normpath(run_dir)), id=run_id,
+                         resume="must" if run_id else None, sync_tensorboard=True)
+    except Exception as error:  # W&B's own errors (a project it cannot reach, a run it does not know) in one line
+        raise SystemExit(f"--track: W&B could not {'continue run ' + run_id if run_id else 'start a run'} "
+                         f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}).") from None
     return run.id
 
 
@@ -437,31 +358,86 @@ def saves_note(args, world_size: int) -> str:
 
 
 class Run:
-    """A run in progress and the hooks train() calls. args: the Args this process trains with (run_args of the
-    command line's, a torchrun worker's share); command_args: the command line's or --resume's, kept in checkpoints."""
+    """A run in progress and the hooks train() calls. command_args: the flags of the command line or --resume, kept
+    in checkpoints; hyperparameters: the Args the run trains with (num_envs the total over all workers); args: this
+    process's share of them (a torchrun worker's envs and seed)."""
 
-    def __init__(self, script, command_args, args, checkpoint, rank, world_size, device, envs, run_dir, writer,
+    def __init__(self, script, command_args, hyperparameters, args, checkpoint, rank, world_size, device, device_note,
                  num_iterations):
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
-        self.num_iterations = num_iterations
-        self.rank, self.world_size, self.device, self.envs = rank, world_size, device, envs
-        self.run_dir, self.writer = run_dir, writer
+        self.hyperparameters = hyperparameters
+        self.num_iterations, self.device_note = num_iterations, device_note
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.envs, self.run_dir, self.writer, self.lock = None, None, NoWriter(), None
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
         self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
         self.checkpoints = world_size == 1 and command_args.checkpoint_every != 0
         self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
-        self.wandb_run_id = None  # --track: the W&B run's id
+        self.wandb_run_id, self.keys = None, {}  # --track: the W&B run's id; the script's restored checkpoint keys
+        self.render_mode = "rgb_array" if args.capture_video else None  # make_env's: --capture-video films env 0
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
 
-    def restore(self, saved: Saved, next_obs, next_done) -> tuple:
-        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs. Returns
-        (global_step, first iteration to run, next_obs, next_done)."""
+    def open(self, envs):
+        """The script's envs, made right after the seeding: then the run directory and its lock, TensorBoard (and
+        W&B with --track), the start-up block. Returns the envs, with --capture-video recording env 0's episodes."""
+        script, args, flags, checkpoint = self.script, self.args, self.command_args, self.checkpoint
+        self.envs = envs
+        if checkpoint is not None:  # before anything is written, TensorBoard's purge of the steps after it included
+            checkpoints.check_counters(checkpoint, f"--resume {flags.resume}",
+                                       self.world_size * args.num_envs * args.num_steps, self.num_iterations)
+        tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
+        if self.rank == 0:
+            self.run_dir = make_run_dir(flags, script.run_name(args))
+            self.lock = lock_run_dir(self.run_dir)
+        lines = {"steps": script.describe(self.hyperparameters, self.num_iterations)}
+        if checkpoint is not None:
+            lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
+                                 f"from {flags.resume}")
+        if dist.is_initialized():
+            lines["workers"] = (f"{plural(self.world_size, 'torchrun worker')} ({dist.get_backend()}), each with "
+                                f"{args.num_envs} envs and seed {args.seed} + {args.num_envs} x rank; the flags "
+                                f"printed and logged are rank 0's share")
+        if args.eval_every:
+            lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
+        if args.capture_video:
+            lines["films"] = f"env 0's episodes {', '.join(map(str, VIDEO_EPISODES))}, ... into {self.run_dir}/videos"
+        if args.track and self.rank == 0:  # before the writer, whose scalars it syncs
+            self.wandb_run_id = start_tracking(flags, self.run_dir, checkpoint.get("wandb_run_id") if checkpoint
+                                               else None)
+        if self.rank == 0:  # torchrun: only rank 0 logs
+            self.writer = open_writer(self.run_dir, args, checkpoint)
+        print_startup(script, args.env_id, self.device_note, self.run_dir,
+                      dict(lines, saves=saves_note(flags, self.world_size)))
+        suggest_recipe(self.hyperparameters, script)
+        before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
+        changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
+                            if getattr(before, name) != getattr(after, name))
+        if changes:
+            print(f"adjusted from the flags:\n{changes}")
+            if checkpoint is None:
+                self.writer.add_text("adjusted", changes.replace("\n", "  \n"))
+        if args.capture_video and self.rank == 0:
+            self.envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(self.run_dir, "videos"),
+                                                        record_first_only=True, episode_trigger=video_schedule)
+        return self.envs
+
+    def restore(self, saved, next_obs, next_done) -> tuple:
+        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
+        first (checkpoints.restore_run). Returns (global_step, first iteration to run, next_obs, next_done); the
+        script's own keys come back from run.restored(key)."""
+        assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
         self.saved, global_step, first_iteration = saved, 0, 1
         if self.checkpoint is not None:
-            global_step, first_iteration, next_obs, next_done = restore_run(self.checkpoint, saved, self.envs,
-                                                                            next_obs, next_done)
-            self.episode_returns.extend(self.checkpoint["episode_returns"])
+            batch_size = self.world_size * self.args.num_envs * self.args.num_steps
+            try:
+                global_step, first_iteration, next_obs, next_done, returns, self.keys = checkpoints.restore_run(
+                    self.checkpoint, saved, self.envs, next_obs, next_done, f"--resume {self.command_args.resume}",
+                    batch_size, self.num_iterations)
+            except SystemExit:  # refused: nothing was trained, so let go of what open() took, the lock included
+                self.release()
+                raise
+            self.episode_returns.extend(returns)
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.last_eval_step = global_step
         self.start_step, self.start_time = global_step, time.time()
@@ -469,6 +445,11 @@ class Run:
                                  global_step)
         self.last_returns = list(self.episode_returns)  # the progress line's
         return global_step, first_iteration, next_obs, next_done
+
+    def restored(self, key: str):
+        """A script's own value (one of Saved.keys, e.g. the EWMA's weight): the checkpoint's, checked against the
+        value the run starts from, in a run that resumes; that value otherwise."""
+        return self.keys.get(key, self.saved.keys[key])
 
     def after_step(self, global_step: int, info: dict) -> None:
         """After each vector env step: note the episodes that ended (RecordEpisodeStatistics' raw score) and move
@@ -495,16 +476,17 @@ class Run:
     def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
         """After each iteration: log SPS; where `can_checkpoint` (a safe point), write checkpoint.pt when it is due
         (the last iteration, --checkpoint-every iterations or CHECKPOINT_MINUTES since the last, a stop request),
-        and stop the run if a signal asked for it. extra: more checkpoint keys."""
+        and stop the run if a signal asked for it. extra: the script's checkpoint keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
         every = self.command_args.eval_every
         if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
             self.progress.set_status("evaluating")
             returns = self.play_episodes()
-            self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
-            self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
-            self.last_eval_step = global_step
+            if returns is not None:  # None: a signal stopped the evaluation
+                self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
+                self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
+                self.last_eval_step = global_step
         self.progress.iteration_done(global_step)
         stop = self.stop_requested()
         if not (can_checkpoint or stop and not self.checkpoints):
@@ -520,30 +502,28 @@ class Run:
         if stop:
             self.stop(iteration, global_step)
 
-    def play_episodes(self) -> list:
+    def play_episodes(self):
         """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), with
-        the training envs' observation statistics frozen; the random state is put back, so the run learns the same."""
-        rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
+        the training envs' observation statistics frozen; the random state is put back, so the run learns the same.
+        None if a signal stopped it."""
+        rng, num_episodes, seed = checkpoints.rng_state(), self.command_args.eval_episodes, \
+            self.args.seed + EVAL_SEED_OFFSET
         if self.eval_envs is None:
             self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
-        states = normalizer_states(self.envs)
+        states = checkpoints.normalizer_states(self.envs)
         num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-        load_normalizers(self.eval_envs, {f"obs_{i}": states[f"obs_{i % num_obs}"] for i in range(num_episodes)}
-                         if num_obs else {}, freeze=True)
+        checkpoints.load_normalizers(self.eval_envs, {f"obs_{i}": states[f"obs_{i % num_obs}"]
+                                                      for i in range(num_episodes)} if num_obs else {}, freeze=True)
         weights = {name: model.state_dict() for name, model in self.saved.models.items()}
-        returns = play(self.eval_envs, self.script.acting_policy(self.args, self.eval_envs, weights, self.device),
-                       num_episodes, seed)
-        set_rng_state(rng)
+        load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
+        returns = play(self.eval_envs, self.script.acting_policy(self.args, self.eval_envs, load, self.device),
+                       num_episodes, seed, stopping=lambda: self.stop_signal is not None)
+        checkpoints.set_rng_state(rng)
         return returns
-
-    def restored(self, key: str, like):
-        """A script's own value in the checkpoint (e.g. the EWMA's weight), checked against `like` by restored();
-        `like` itself in a run that does not resume."""
-        return like if self.checkpoint is None else checked(self.checkpoint.get(key), like, key)
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
-        save_checkpoint(os.path.join(self.run_dir, file_name), make_checkpoint(
+        checkpoints.save_checkpoint(os.path.join(self.run_dir, file_name), checkpoints.make_checkpoint(
             self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
             iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
             script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra))
@@ -562,6 +542,10 @@ class Run:
 
     def close(self, global_step) -> None:
         self.progress.close(global_step, self.episode_returns)
+        self.release()
+
+    def release(self) -> None:
+        """Close the envs, the writers and the group of workers, let go of the lock, put the signal handlers back."""
         self.envs.close()
         if self.eval_envs is not None:
             self.eval_envs.close()
@@ -570,6 +554,8 @@ class Run:
             sys.modules["wandb"].finish()
         if dist.is_initialized():  # leave the group of workers
             dist.destroy_process_group()
+        if self.lock is not None and self.lock in LOCKS_HELD.values():
+            os.close(LOCKS_HELD.pop(next(path for path, fd in LOCKS_HELD.items() if fd == self.lock)))
         for sig, handler in self.old_handlers.items():
             signal.signal(sig, handler)
 
@@ -615,6 +601,125 @@ def resume_command(script: Script, args, path: str) -> str:
     return f"python {script.name} " + " ".join(flags)
 
 
+# ----------------------------------------------------------------------------- resume: flags and run directory
+def resume_from(args, script: Script) -> tuple:
+    """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint);
+    without it (args, None). A finished run's checkpoint gives its model.pt and nothing else. The run writes into the
+    checkpoint's directory, so a directory that holds a newer checkpoint.pt or a finished run's model.pt, or any link
+    (through which a write would land elsewhere), is refused."""
+    if args.resume is None:
+        return args, None
+    given = given_flags(args, script)
+    refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
+    if refused:
+        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
+                         f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
+                         f"checkpoint's own).")
+    source = f"--resume {args.resume}"
+    checkpoint = checkpoints.load_checkpoint(args.resume, "--resume", script)
+    resumed = checkpoints.checkpoint_args(checkpoint, script, source)
+    confirm_env_id(resumed.env_id, given, args, "--resume")
+    run_id = checkpoint.get("wandb_run_id")  # continued only where this command line asks for --track
+    if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
+        raise SystemExit(f"{source}: its wandb_run_id {reprlib.repr(run_id)} is not a W&B run id.")
+    resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name)
+                                                                  for name in (*OUTPUT_FLAGS, *TRACKING_FLAGS)})
+    run_dir = os.path.dirname(args.resume) or "."
+    check_run_dir(run_dir, source)
+    if checkpoint["iteration"] > checkpoint["num_iterations"]:
+        raise SystemExit(f"{source}: its iteration {checkpoint['iteration']:,} is beyond its run's "
+                         f"{checkpoint['num_iterations']:,}: it is not a checkpoint a run wrote.")
+    if checkpoint["iteration"] == checkpoint["num_iterations"]:
+        done = f"{source}: that run already finished all {checkpoint['iteration']:,} iterations"
+        if not args.save_model:
+            raise SystemExit(f"{done}; there is nothing to continue.")
+        model_path = os.path.join(run_dir, "model.pt")
+        if not os.path.exists(model_path):  # the last checkpoint is the final model
+            with open(args.resume, "rb") as original:
+                checkpoints.write_file(model_path, lambda file: shutil.copyfileobj(original, file))
+        print(f"{done}; its final model is {model_path}.")
+        raise SystemExit(0)
+    newest, model = os.path.join(run_dir, "checkpoint.pt"), os.path.join(run_dir, "model.pt")
+    kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
+        newest, args.resume) else None
+    if kept:
+        raise SystemExit(f"{source}: its directory holds {kept}, which the resumed run would overwrite; to branch "
+                         f"from this checkpoint, copy it into a directory of its own and resume the copy.")
+    return resumed, checkpoint
+
+
+def check_run_dir(run_dir: str, source: str) -> None:
+    """A run directory this project made holds directories and regular files only: one with a link (a write through
+    it would land outside), or anything else, is refused, as is one that cannot be written."""
+    for folder, names, files in os.walk(run_dir):
+        for name in names + files:
+            path = os.path.join(folder, name)
+            mode = os.lstat(path).st_mode
+            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+                what = "a link" if stat.S_ISLNK(mode) else "a special file"
+                raise SystemExit(f"{source}: its directory holds {what}, {path}, which no run makes: the resumed run "
+                                 f"would write through it; resume a copy of the checkpoint in a directory of its own.")
+    for name in ("model.pt", "checkpoint.pt", "run.lock"):  # what the run will write, in the way
+        if os.path.isdir(os.path.join(run_dir, name)):
+            raise SystemExit(f"{source}: its directory holds a directory named {name}, which the run writes as a "
+                             f"file.")
+    if not os.access(run_dir, os.W_OK):
+        raise SystemExit(f"{source}: its directory {run_dir} is not writable.")
+
+
+def lock_run_dir(run_dir: str) -> int:
+    """One writer per run directory: run.lock, opened never through a link and locked (flock) for as long as the run
+    lives, holding its pid; a second run is refused in one sentence. The kernel lets a dead run's lock go; so does
+    this process, where an earlier run of its own ended in an exception that train() let through."""
+    path = os.path.join(run_dir, "run.lock")
+    if os.path.realpath(path) in LOCKS_HELD:
+        os.close(LOCKS_HELD.pop(os.path.realpath(path)))
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as error:
+        raise SystemExit(f"{path} cannot be made ({error.strerror}).") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        raise SystemExit(f"{run_dir} is in use by another run (process {holder if holder.isdigit() else '?'}): one "
+                         f"run writes a run directory at a time.") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    LOCKS_HELD[os.path.realpath(path)] = fd
+    return fd
+
+
+def given_flags(args, script: Script) -> set:
+    """The flags this command line gives: the ones on sys.argv where this process runs the script itself (python
+    ppo_ewma.py ..., torchrun), else (train(Args(...)) called from Python) the ones that differ from their
+    defaults. A flag given at its default value is given."""
+    names = {field.name for field in dataclasses.fields(args)}
+    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
+        defaults = script.args_type()
+        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
+    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
+    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
+
+
+def flag_names(names) -> str:
+    """ "--a, --b-c" of the fields a, b_c."""
+    return ", ".join("--" + name.replace("_", "-") for name in names)
+
+
+def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
+    """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
+    would import (run) that module, so it is used only where this command line names the same id."""
+    if "env_id" in given and args.env_id != env_id:
+        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {env_id!r}: {flag} runs on the "
+                         f"checkpoint's own env (drop --env-id).")
+    if ":" in env_id and "env_id" not in given:
+        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its env id {env_id!r} imports a module "
+                         f"of its own, which runs its code; pass --env-id {shlex.quote(env_id)} as well if you trust "
+                         f"that module.")
+
+
 # ------------------------------------------------------------------------------------------ checks
 def check_args(args, script: Script) -> None:
     """Stop with one sentence naming the flag before any work is done and before a run directory exists (args: the
@@ -623,13 +728,19 @@ def check_args(args, script: Script) -> None:
     if args.bf16 and not is_image(observation_space):
         raise SystemExit(f"--bf16 runs the IMPALA CNN of image observations in bfloat16; --env-id {args.env_id} has "
                          f"vector ones, whose MLP it would not speed up (docs/speed.md).")
-    script.check_args(args, observation_space, action_space)
+    script.check_args(args, observation_space, action_space)  # its own flags, and its buffers against the memory
+    eval_envs = args.eval_episodes if args.eval_every else 0  # one env an episode, kept between marks
+    check_memory((args.num_envs + eval_envs) * env_bytes(args.env_id, script.procgen_games), False,
+                 f"The {plural(args.num_envs, 'env')}" + (f" and {eval_envs:,} evaluation envs" if eval_envs else ""),
+                 "--num-envs" + (" or --eval-episodes" if eval_envs else ""))
     iteration = args.num_envs * args.num_steps
     if args.total_timesteps < iteration:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
                          f"steps (--num-envs {args.num_envs} x --num-steps {args.num_steps}).")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
     check_tracking(args)
+    if args.capture_video:
+        check_video(args.env_id, script.procgen_games)
 
 
 def check_tracking(args) -> None:
@@ -637,13 +748,17 @@ def check_tracking(args) -> None:
         raise SystemExit("--track needs the wandb package, which is not installed: pip install wandb==0.31.0.")
 
 
-def check_ranges(args, ranges: dict) -> None:
-    """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes."""
+def check_ranges(args, ranges: dict, prefix: str = "") -> None:
+    """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes. prefix:
+    where the flags come from, when not from the command line. Then the flags whose bound is this machine's."""
     for name, interval in ranges.items():
         value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
         if value is not None and not ((low <= value if interval[0] == "[" else low < value)
                                       and (value <= high if interval[-1] == "]" else value < high)):
-            raise SystemExit(f"--{name.replace('_', '-')} must be in {interval}, got {value}.")
+            raise SystemExit(f"{prefix}--{name.replace('_', '-')} must be in {interval}, got {value}.")
+    if args.torch_threads > os.cpu_count():  # more threads than cores only contend
+        raise SystemExit(f"{prefix}--torch-threads must be at most this machine's {os.cpu_count()} cores, got "
+                         f"{args.torch_threads}.")
 
 
 def check_spaces(env_id: str, script: Script) -> tuple:
@@ -679,6 +794,31 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
         raise SystemExit(f"--env-id {env_id} cannot be made: {error}") from None
     env.close()
     return env.observation_space, env.action_space
+
+
+def env_bytes(env_id: str, procgen_games=()) -> int:
+    """What one env of env_id holds, measured: the resident memory that a second gym.make and reset add (the first
+    imports what the env needs), doubled for its wrappers and the vector env's buffers, at least ENV_BYTES_FLOOR
+    (MuJoCo's about 1.1 MiB, CartPole's 6 KiB measured here); a Procgen game's PROCGEN_ENV_BYTES."""
+    if env_id in procgen_games:
+        return PROCGEN_ENV_BYTES
+    first = gym.make(env_id)
+    before = resident_bytes()
+    second = gym.make(env_id)
+    second.reset(seed=0)
+    grown = resident_bytes() - before
+    first.close()
+    second.close()
+    return max(2 * grown, ENV_BYTES_FLOOR)
+
+
+def resident_bytes() -> int:
+    """This process's resident memory (Linux; 0 elsewhere)."""
+    try:
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
 
 
 def import_env_module(env_id: str) -> None:
@@ -904,501 +1044,50 @@ class Progress:
             self.print_line(step, episode_returns)
 
 
-# ----------------------------------------------------------------------------- checkpoints and resume
-def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
-    """The one checkpoint format, tensors and plain data only, so that torch.load(weights_only=True) reads it and
-    loading one runs no code: Args, `saved`'s states, the env stack's normalizers, the random state, the envs
-    (env_state), and `keys` (global_step, iteration, ..., and a script's own)."""
-    return {
-        "args": dataclasses.asdict(args),
-        "models": {name: model.state_dict() for name, model in saved.models.items()},
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in saved.optimizers.items()},
-        "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer))
-                                                      for name, normalizer in saved.normalizers.items()}},
-        "rng": rng_state(),
-        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
-        **keys,
-    }
-
-
-def save_checkpoint(path: str, checkpoint: dict) -> None:
-    """Write to a temporary file in the same directory, then rename: a crash never leaves a torn checkpoint. A run
-    directory has one writer, so the temporary files of a writer that was killed mid-write are removed."""
-    tmp_path = f"{path}.tmp{os.getpid()}"
-    with open(tmp_path, "wb") as file:
-        torch.save(checkpoint, file)
-        file.flush()
-        os.fsync(file.fileno())
-    os.replace(tmp_path, path)
-    for stale in glob.glob(glob.escape(path) + ".tmp*"):
-        os.remove(stale)
-
-
-# The keys of every checkpoint (older ones lack "script") and the type of each
-CHECKPOINT_KEYS = {"args": dict, "models": dict, "optimizers": dict, "normalizers": dict, "rng": dict, "env": dict,
-                   "global_step": int, "iteration": int, "num_iterations": int, "episode_returns": list}
-
-
-def load_checkpoint(path: str, flag: str, script: Script, device="cpu") -> dict:
-    """torch.load with weights_only=True, which builds tensors and plain data and runs no code; before it, compressed
-    entries are refused (torch.save writes none, and a few KB of them can inflate to GBs). One sentence naming `flag`
-    if it is not a checkpoint of this script."""
-    if not os.path.isfile(path):
-        raise SystemExit(f"{flag} {path}: no such file.")
-    if zipfile.is_zipfile(path):
-        with zipfile.ZipFile(path) as archive:
-            if any(entry.compress_type != zipfile.ZIP_STORED for entry in archive.infolist()):
-                raise SystemExit(f"{flag} {path} holds compressed data, which torch.save never writes: it is not a "
-                                 f"checkpoint.")
-    try:
-        checkpoint = torch.load(path, map_location=device, weights_only=True)
-    except Exception as error:
-        raise SystemExit(f"{flag} {path} cannot be read as a checkpoint ({type(error).__name__}).") from None
-    written_by = checkpoint.get("script", script.name) if isinstance(checkpoint, dict) else script.name
-    if written_by != script.name:  # older checkpoints do not name their script; other text than a name is quoted
-        named = isinstance(written_by, str) and written_by.endswith(".py") and written_by[:-3].isidentifier()
-        written_by = written_by if named else reprlib.repr(written_by)
-        raise SystemExit(f"{flag} {path} is a {written_by} checkpoint, not a {script.name} one: run {written_by}.")
-    field_names = {field.name for field in dataclasses.fields(script.args_type)}
-    if not (isinstance(checkpoint, dict) and all(isinstance(checkpoint.get(key), kind)
-                                                 for key, kind in CHECKPOINT_KEYS.items())
-            and set(checkpoint["args"]) <= field_names and 0 <= checkpoint["iteration"]
-            and 0 <= checkpoint["global_step"]):
-        raise SystemExit(f"{flag} {path} is not a {script.name} checkpoint.")
-    return checkpoint
-
-
-def fits(value, annotation) -> bool:
-    """Whether `value` has a type that a flag annotated `annotation` takes from a command line (no control
-    characters in a string, no bool for an int)."""
-    if typing.get_origin(annotation) is typing.Union:
-        return any(fits(value, option) for option in typing.get_args(annotation))
-    if typing.get_origin(annotation) is typing.Literal:
-        return any(type(value) is type(option) and value == option for option in typing.get_args(annotation))
-    if annotation is float:
-        return type(value) in (int, float)
-    return type(value) is annotation and (not isinstance(value, str) or value.isprintable())
-
-
-def checkpoint_args(checkpoint, script: Script):
-    """The Args a checkpoint's run trained with, each checked as a command line's flag is (its type and range): a
-    flag added since it was written takes the value of script.missing_flags (what the run did before the flag
-    existed), else its default."""
-    values, hints = {**script.missing_flags, **checkpoint["args"]}, typing.get_type_hints(script.args_type)
-    for name, value in values.items():
-        if not fits(value, hints[name]):
-            flag = "--" + name.replace("_", "-")
-            raise SystemExit(f"The checkpoint's flag {name} is {reprlib.repr(value)}, which {flag} cannot be "
-                             f"({hints[name]}).")
-    args = script.args_type(**values)
-    try:
-        check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
-    except SystemExit as error:
-        raise SystemExit(f"The checkpoint holds a flag that no command line could give: {error}") from None
-    return args
-
-
-def given_flags(args, script: Script) -> set:
-    """The flags this command line gives: the ones on sys.argv where this process runs the script itself (python
-    ppo_ewma.py ..., torchrun), else (train(Args(...)) called from Python) the ones that differ from their
-    defaults. A flag given at its default value is given."""
-    names = {field.name for field in dataclasses.fields(args)}
-    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
-        defaults = script.args_type()
-        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
-    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
-    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
-
-
-def flag_names(names) -> str:
-    """ "--a, --b-c" of the fields a, b_c."""
-    return ", ".join("--" + name.replace("_", "-") for name in names)
-
-
-def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
-    """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
-    would import (run) that module, so it is used only where this command line names the same id."""
-    if "env_id" in given and args.env_id != env_id:
-        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {env_id!r}: {flag} runs on the "
-                         f"checkpoint's own env (drop --env-id).")
-    if ":" in env_id and "env_id" not in given:
-        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its env id {env_id!r} imports a module "
-                         f"of its own, which runs its code; pass --env-id {shlex.quote(env_id)} as well if you trust "
-                         f"that module.")
-
-
-def resume_from(args, script: Script) -> tuple:
-    """--resume PATH: (the checkpoint's Args with this command line's output flags, the checkpoint); without it
-    (args, None). A finished run's checkpoint gives its model.pt and nothing else. The run writes into the
-    checkpoint's directory, so a directory that holds a newer checkpoint.pt or a finished run's model.pt is refused."""
-    if args.resume is None:
-        return args, None
-    given = given_flags(args, script)
-    refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
-    if refused:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
-                         f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
-                         f"checkpoint's own).")
-    checkpoint = load_checkpoint(args.resume, "--resume", script)
-    resumed = checkpoint_args(checkpoint, script)
-    confirm_env_id(resumed.env_id, given, args, "--resume")
-    taken = [*OUTPUT_FLAGS, *(name for name in TRACKING_FLAGS if name in given)]
-    resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name) for name in taken})
-    run_dir = os.path.dirname(args.resume) or "."
-    if checkpoint["iteration"] >= checkpoint["num_iterations"]:
-        done = f"--resume {args.resume}: that run already finished all {checkpoint['iteration']:,} iterations"
-        if not args.save_model:
-            raise SystemExit(f"{done}; there is nothing to continue.")
-        model_path = os.path.join(run_dir, "model.pt")
-        if not os.path.exists(model_path):
-            shutil.copyfile(args.resume, model_path + ".tmp")  # the last checkpoint is the final model
-            os.replace(model_path + ".tmp", model_path)
-        print(f"{done}; its final model is {model_path}.")
-        raise SystemExit(0)
-    newest, model = os.path.join(run_dir, "checkpoint.pt"), os.path.join(run_dir, "model.pt")
-    kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
-        newest, args.resume) else None
-    if kept:
-        raise SystemExit(f"--resume {args.resume}: its directory holds {kept}, which the resumed run would overwrite; "
-                         f"to branch from this checkpoint, copy it into a directory of its own and resume the copy.")
-    return resumed, checkpoint
-
-
-def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done) -> tuple:
-    """Load a checkpoint into `saved` and the envs: (global_step, first iteration, next_obs, next_done). Every value
-    is checked against the rebuilt run's before it is used (restored()); one sentence where one does not fit.
-    Gymnasium envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their statistics."""
-    for name, model in saved.models.items():
-        load_weights(model, checkpoint["models"], name)
-    for name, optimizer in saved.optimizers.items():
-        load_optimizer(optimizer, checkpoint["optimizers"].get(name), name)
-    for name, normalizer in saved.normalizers.items():
-        if name in checkpoint["normalizers"]:  # a checkpoint's older scripts may lack one
-            vars(normalizer).update(checked(checkpoint["normalizers"][name], dict(vars(normalizer)),
-                                            f"{name} statistics"))
-    saved_env = checkpoint["env"]
-    if isinstance(saved_env.get("state"), bytes):  # written before checkpoints held only data
-        restarts = "its env state is a pickle, which is not loaded: unpickling can run code"
-    else:
-        restarts = restore_env_state(envs, saved_env.get("state"))
-    if restarts is None:
-        next_obs = checked(saved_env.get("next_obs"), next_obs, "next_obs")
-        next_done = checked(saved_env.get("next_done"), next_done, "next_done")
-    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
-        print(f"note: --resume: the envs restart with new episodes ({restarts}).")
-        next_done = torch.ones_like(next_done)
-    load_normalizers(envs, checkpoint["normalizers"])
-    set_rng_state(checkpoint["rng"])
-    returns = checkpoint["episode_returns"]
-    if len(returns) > 100 or not all(type(value) in (int, float) for value in returns):
-        raise SystemExit("--resume: the checkpoint's episode_returns are not the last 100 episodes' returns.")
-    return checkpoint["global_step"], checkpoint["iteration"] + 1, next_obs, next_done
-
-
-def restored(data, like):
-    """`data` read from a checkpoint as the value that the rebuilt run holds in its place, `like`, holds it: arrays
-    and tensors of like's dtype and shape (a copy); a number where like is one, a number or None where like is None;
-    a str equal to like's; a list or tuple of like's length and a dict of like's keys, item by item; a deque as a
-    list of at most its maxlen items, each like its first. So nothing read allocates more than the rebuilt run holds,
-    nor walks deeper than like. ValueError says what does not fit."""
-    if isinstance(like, np.random.Generator):  # its bit generator's state dict; NumPy checks the values
-        generator = np.random.Generator(type(like.bit_generator)())
-        try:
-            generator.bit_generator.state = restored(data, like.bit_generator.state)
-        except (TypeError, OverflowError) as error:
-            raise ValueError(f"is not a {type(like.bit_generator).__name__} state ({type(error).__name__})") from None
-        return generator
-    if type(like).__name__ == "MjData":  # mj_getState's integration state, put back by restore_env_state
-        size = sys.modules["mujoco"].mj_stateSize(like.model, sys.modules["mujoco"].mjtState.mjSTATE_INTEGRATION)
-        return restored(data, torch.zeros(size, dtype=torch.float64))
-    if isinstance(like, np.ndarray) and like.dtype.kind in "biuf":
-        return restored(data, torch.from_numpy(like)).numpy()
-    if isinstance(like, torch.Tensor):
-        if not (isinstance(data, torch.Tensor) and data.dtype == like.dtype and data.shape == like.shape):
-            described = f"a {data.dtype} tensor of shape {list(data.shape)}" if isinstance(data, torch.Tensor) \
-                else f"a {type(data).__name__}"
-            raise ValueError(f"is {described}, not a {like.dtype} tensor of shape {list(like.shape)}")
-        return data.to(like.device, copy=True)
-    if like is None or type(like) in (bool, int, float) or isinstance(like, np.generic) and like.dtype.kind in "biuf":
-        if data is None and like is None or type(data) in (bool, int, float):
-            return data
-        if isinstance(data, torch.Tensor) and data.dim() == 0 and not data.is_complex():
-            return data.numpy()[()]  # a NumPy scalar, as to_data found it
-        raise ValueError(f"is a {type(data).__name__}, not a number")
-    if isinstance(like, str):
-        if data != like:
-            raise ValueError(f"is {reprlib.repr(data)}, not {like!r}")
-        return data
-    if isinstance(like, deque):  # its items as its first (numbers where it is empty): a deque's length varies
-        limit = len(like) if like.maxlen is None else like.maxlen
-        if not (isinstance(data, (list, tuple)) and len(data) <= limit):
-            raise ValueError(f"is not a list of at most {limit} items")
-        return deque((restored(item, like[0] if like else None) for item in data), like.maxlen)
-    if isinstance(like, (list, tuple)):
-        if not (isinstance(data, (list, tuple)) and len(data) == len(like)):
-            raise ValueError(f"is not a list of {len(like)} items")
-        return type(like)(restored_item(data, like, index) for index in range(len(like)))
-    if isinstance(like, dict):
-        if not (isinstance(data, dict) and sorted(data, key=repr) == sorted(like, key=repr)):
-            raise ValueError(f"does not hold the keys {reprlib.repr(sorted(like, key=repr))}")
-        return {key: restored_item(data, like, key) for key in like}
-    raise ValueError(f"holds a {type(like).__name__}, which a checkpoint does not set")
-
-
-def restored_item(data, like, key):
-    """restored(data[key], like[key]), its ValueError naming the key: "['returns'] is a ..."."""
-    try:
-        return restored(data[key], like[key])
-    except ValueError as error:
-        raise ValueError(f"[{key!r}]{said('', error)}") from None
-
-
-def said(what: str, error: ValueError) -> str:
-    """What does not fit and why: "reward['returns'] is a ...", "next_obs is a ..."."""
-    return f"{what}{'' if str(error).startswith('[') else ' '}{error}"
-
-
-def checked(data, like, what: str):
-    """restored(data, like), or one sentence naming `what` (e.g. "reward statistics") where it does not fit."""
-    try:
-        return restored(data, like)
-    except ValueError as error:
-        raise SystemExit(f"The checkpoint's {said(what, error)}: it is not this run's.") from None
-
-
-def load_weights(module, models: dict, name: str) -> None:
-    """Load the state dict `name` of a checkpoint's models into `module`, once each of its tensors has the name,
-    shape and dtype of the module's own; one sentence otherwise, before anything is copied."""
-    if name not in models:
-        raise SystemExit(f"The checkpoint holds no {name}: it is not one of this script's checkpoints.")
-    state, own = models[name], {key: tensor.detach() for key, tensor in module.state_dict().items()}
-    if not (isinstance(state, dict) and sorted(state, key=repr) == sorted(own, key=repr)):
-        raise SystemExit(f"The checkpoint's {name} holds other parameters than the network these flags build.")
-    try:
-        module.load_state_dict(restored(state, own))
-    except ValueError as error:
-        raise SystemExit(f"The checkpoint's {said(name, error)}: it is not the network these flags build.") from None
-
-
-def load_optimizer(optimizer, state, name: str) -> None:
-    """optimizer.load_state_dict once the saved state fits: the same groups of the same parameters with their
-    settings, and for each parameter only scalars and tensors of its own shape; one sentence otherwise. How the step
-    runs (foreach, fused, ...: the same numbers) is this run's own choice, not the checkpoint's."""
-    own = optimizer.state_dict()
-    implementation = {key: own["param_groups"][0][key] for key in ("foreach", "fused", "capturable", "differentiable")
-                      if key in own["param_groups"][0]}
-    try:
-        if not (isinstance(state, dict) and sorted(state, key=repr) == ["param_groups", "state"]
-                and isinstance(state["param_groups"], list)):
-            raise ValueError("is not an optimizer's state")
-        groups = restored([{key: value for key, value in group.items() if key not in implementation}
-                           if isinstance(group, dict) else group for group in state["param_groups"]],
-                          [{key: value for key, value in group.items() if key not in implementation}
-                           for group in own["param_groups"]])
-        groups = [{**group, **implementation} for group in groups]
-        if [group["params"] for group in groups] != [group["params"] for group in own["param_groups"]]:
-            raise ValueError("holds other parameters")
-        shapes = {index: param.shape for index, param in
-                  enumerate(param for group in optimizer.param_groups for param in group["params"])}
-        if not (isinstance(state["state"], dict) and set(state["state"]) <= set(shapes)):
-            raise ValueError("holds the state of parameters it does not have")
-        for index, param_state in state["state"].items():
-            if not (isinstance(param_state, dict) and all(
-                    isinstance(key, str) and isinstance(value, torch.Tensor) and value.is_floating_point()
-                    and value.shape in ((), shapes[index]) for key, value in param_state.items())):
-                raise ValueError(f"holds values of parameter {index} that are not its own shape's")
-    except ValueError as error:
-        raise SystemExit(f"--resume: the checkpoint's {name} does not fit this run's: {error}.") from None
-    optimizer.load_state_dict({"state": state["state"], "param_groups": groups})
-
-
-def rng_state() -> dict:
-    numpy_state = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
-            "torch": torch.get_rng_state(),
-            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
-
-
-def set_rng_state(rng: dict) -> None:
-    """Put back rng_state()'s random state, each part checked against this process's own first."""
-    try:
-        python, numpy_state = restored(rng.get("python"), random.getstate()), rng.get("numpy")
-        keys = restored(numpy_state[1] if isinstance(numpy_state, (list, tuple)) and len(numpy_state) == 5 else None,
-                        np.random.get_state()[1].tolist())
-        random.setstate(python)
-        np.random.set_state((numpy_state[0], np.array(keys, dtype=np.uint32), *numpy_state[2:]))
-        torch.set_rng_state(restored(rng.get("torch"), torch.get_rng_state()))
-    except (ValueError, TypeError, OverflowError) as error:
-        raise SystemExit(f"--resume: the checkpoint's random state is not one this run can take ({error}).") from None
-    if "cuda" in rng and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
-        torch.cuda.set_rng_state_all(restored(rng["cuda"], torch.cuda.get_rng_state_all()))
-
-
-def env_normalizers(envs) -> dict:
-    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
-    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i)."""
-    found, env = {}, envs
-    while isinstance(env, gym.vector.VectorWrapper):
-        if isinstance(env, gym.wrappers.vector.NormalizeReward):
-            found["reward"] = (env, env.return_rms)
-        env = env.env
-    for i, sub_env in enumerate(getattr(env, "envs", ())):
-        while isinstance(sub_env, gym.Wrapper):
-            if isinstance(sub_env, gym.wrappers.NormalizeObservation):
-                found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
-            sub_env = sub_env.env
-    return found
-
-
-def normalizer_states(envs) -> dict:
-    """{name: {"mean", "var", "count"}} of the running statistics in a vector env stack (see env_normalizers)."""
-    return {name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
-            for name, (_, rms) in env_normalizers(envs).items()}
-
-
-def load_normalizers(envs, states: dict, freeze: bool = False) -> None:
-    """Put saved statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
-    for name, (wrapper, rms) in env_normalizers(envs).items():
-        if name in states:
-            saved = states[name].get("mean") if isinstance(states[name], dict) else None  # float32 or float64 (once
-            dtype = saved.dtype if getattr(saved, "dtype", None) in (torch.float32, torch.float64) else None  # updated)
-            own = {"mean": torch.as_tensor(rms.mean, dtype=dtype), "var": torch.as_tensor(rms.var, dtype=dtype),
-                   "count": float(rms.count)}
-            state = checked(states[name], own, f"{name} statistics")
-            rms.mean, rms.var, rms.count = state["mean"].numpy(), state["var"].numpy(), state["count"]
-        wrapper.update_running_mean = not freeze
-
-
-# The env stack's state, written as plain data, layer by layer: each wrapper, the vector env, and each sub-env's
-# wrappers and env. An attribute named here, or holding a space, an enum, a function, running statistics (the
-# checkpoint's normalizers) or MuJoCo's model or renderer, is the same in a rebuilt stack and is left out.
-NOT_ENV_STATE = {"env", "envs", "env_fns", "spec", "metadata", "_metadata", "_cached_spec", "_saved_kwargs",
-                 "_ezpickle_args", "_ezpickle_kwargs", "wrapper",  # walked, or constant (wrapper: a reward transform)
-                 "_previous_data"}  # the env checker's last (obs, info), for a warning after the first two steps only
-# Attributes that the flags set (a time limit, a discount, the number of envs, ...): restored only where equal
-ENV_SETTINGS = {"_max_episode_steps", "num_envs", "copy", "observation_mode", "render_mode", "gamma", "epsilon",
-                "frame_skip", "buffer_length", "_stats_key", "_disable_render_order_enforcing", "_update_running_mean"}
-
-
-def to_data(value):
-    """value as data that torch.load(weights_only=True) reads: numbers, strings and None as they are, NumPy arrays and
-    scalars as tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict, and a
-    MuJoCo MjData as its integration state (time, positions, velocities, activations, controls, forces, warm start).
-    TypeError for anything else."""
-    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf":  # first: np.float64 is a float
-        return torch.from_numpy(np.array(value))  # a copy
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    if isinstance(value, (list, tuple, deque)):
-        return [to_data(item) for item in value]
-    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
-        return {key: to_data(item) for key, item in value.items()}
-    if isinstance(value, np.random.Generator):
-        return value.bit_generator.state
-    if type(value).__name__ == "MjData":
-        mujoco = sys.modules["mujoco"]
-        state = np.empty(mujoco.mj_stateSize(value.model, mujoco.mjtState.mjSTATE_INTEGRATION))
-        mujoco.mj_getState(value.model, value, state, mujoco.mjtState.mjSTATE_INTEGRATION)
-        return torch.from_numpy(state)
-    raise TypeError(f"a {type(value).__name__}")
-
-
-def env_layers(envs) -> list:
-    """Every layer of a Gymnasium vector env stack: the vector wrappers, the vector env, then each sub-env's layers,
-    each with the attributes that make up its state (see NOT_ENV_STATE)."""
-    layers, env = [], envs
-    while isinstance(env, gym.vector.VectorWrapper):
-        layers.append(env)
-        env = env.env
-    layers.append(env)
-    for sub_env in env.envs:
-        while isinstance(sub_env, gym.Wrapper):
-            layers.append(sub_env)
-            sub_env = sub_env.env
-        layers.append(sub_env)
-    constant = (gym.Space, enum.Enum, gym.wrappers.utils.RunningMeanStd)
-    mujoco = ("mujoco.", "gymnasium.envs.mujoco.")  # MjModel, MujocoRenderer: constant; MjData is not
-    return [(layer, [key for key, value in vars(layer).items() if key not in NOT_ENV_STATE and not (
-        callable(value) or isinstance(value, constant) or type(value).__module__.startswith(mujoco)
-        and type(value).__name__ != "MjData")]) for layer in layers]
-
-
-def env_state(envs) -> dict:
-    """The env stack's state as data, {"layers": [{"class": name, "state": {attribute: data}}]}, or why it cannot be
-    written as data, {"restarts": reason}."""
-    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return {"restarts": f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"}
-    try:
-        return {"layers": [{"class": type(layer).__name__, "state": {key: to_data(getattr(layer, key)) for key in keys}}
-                           for layer, keys in env_layers(envs)]}
-    except TypeError as error:
-        return {"restarts": f"an env layer holds {error}, which cannot be saved as data"}
-
-
-def restore_env_state(envs, saved) -> Optional[str]:
-    """Put env_state's data back into a rebuilt stack, each listed attribute as restored() checks it against the
-    rebuilt one's, and only once all of them fit; None, or why the envs restart instead (in this module's words:
-    no text of the checkpoint's is printed)."""
-    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
-        return f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"
-    if not (isinstance(saved, dict) and isinstance(saved.get("layers"), list)):
-        return "the checkpoint holds no state of these envs"
-    layers = env_layers(envs)
-    if [type(layer).__name__ for layer, _ in layers] != [
-            saved_layer.get("class") if isinstance(saved_layer, dict) else None for saved_layer in saved["layers"]]:
-        return "the checkpoint's env stack is not the one these flags build"
-    updates = []
-    for (layer, keys), saved_layer in zip(layers, saved["layers"]):
-        state, name = saved_layer.get("state"), type(layer).__name__
-        if not (isinstance(state, dict) and set(keys) <= set(state) <= set(keys) | NOT_ENV_STATE):
-            return f"the checkpoint's {name} has other attributes than the rebuilt one"
-        for key in keys:
-            value = getattr(layer, key)
-            try:
-                if key in ENV_SETTINGS and not (type(state[key]) is type(value) and state[key] == value):
-                    raise ValueError(f"is {reprlib.repr(state[key])}, where these flags set {value!r}")
-                updates.append((layer, key, restored(state[key], value)))
-            except ValueError as error:
-                return f"the checkpoint's {said(f'{name}.{key}', error)}"
-    for layer, key, value in updates:
-        current = getattr(layer, key)
-        if type(current).__name__ == "MjData":  # the integration state, into the rebuilt simulator
-            mujoco = sys.modules["mujoco"]
-            mujoco.mj_setState(current.model, current, value.numpy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-        else:
-            setattr(layer, key, value)
-    return None
-
-
 # ------------------------------------------------------------------------------- evaluation and video
-def check_video_dependency() -> None:
-    try:
-        import moviepy  # noqa: F401  (Gymnasium's RecordVideo writes the videos with it)
-    except ImportError:
+def video_schedule(episode: int) -> bool:
+    """--capture-video in training: film env 0's episodes k^3 below 1000, then every 1000th (Gymnasium's capped cubic
+    schedule, CleanRL's)."""
+    return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
+
+
+def check_video_writer() -> None:
+    """--capture-video needs moviepy (Gymnasium's RecordVideo writes with it)."""
+    if importlib.util.find_spec("moviepy") is None:
         raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
-                         "pip install moviepy.") from None
+                         "pip install -r requirements.txt.")
 
 
-def check_rendering(env_id: str, procgen_games=()) -> None:
-    """--capture-video needs an env that renders frames (classic control: pygame; MuJoCo: OpenGL)."""
-    if env_id not in procgen_games:  # Procgen's frames are its observations
-        try:
-            env = gym.make(env_id, render_mode="rgb_array")
-            env.reset(seed=0)
-            env.render()
-            env.close()
-        except Exception as error:
-            raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({error}).") from None
+def check_video(env_id: str, procgen_games=()) -> None:
+    """--capture-video needs moviepy and an env that renders frames: pygame for classic control, a headless OpenGL
+    for MuJoCo (MUJOCO_GL=egl where no display is set). One sentence if not."""
+    check_video_writer()
+    if env_id in procgen_games:  # Procgen's frames are its observations
+        return
+    if "DISPLAY" not in os.environ:
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        env.render()
+        env.close()
+    except Exception as error:
+        mujoco = "mujoco" in str(gym.spec(env_id.split(":")[-1]).entry_point)
+        why = ("MuJoCo's frames need a headless OpenGL: Debian's libegl1 (MUJOCO_GL=egl) or libosmesa6 "
+               "(MUJOCO_GL=osmesa)" if mujoco else f"{type(error).__name__}: {error}")
+        raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({why}).") from None
 
 
-def play(envs, act, num_episodes: int, seed: int) -> list:
+def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):
     """The raw returns of num_episodes episodes played by act(obs, reward, done) -> actions (the previous step's reward
     and done; at the reset 0 and 1) on envs reset with `seed`: the first num_episodes / num_envs episodes of each env
-    (one env: its first num_episodes; num_episodes envs: one each)."""
+    (one env: its first num_episodes; num_episodes envs: one each). None once stopping() (a signal) says so."""
     per_env, (obs, _) = num_episodes // envs.num_envs, envs.reset(seed=seed)
     reward, done = np.zeros(envs.num_envs), np.ones(envs.num_envs, dtype=bool)
     returns = [[] for _ in range(envs.num_envs)]
     while any(len(env_returns) < per_env for env_returns in returns):
+        if stopping():
+            return None
         obs, reward, terminated, truncated, info = envs.step(act(obs, reward, done))
         done = terminated | truncated
         for i in np.flatnonzero(info.get("_episode", ())):
@@ -1415,7 +1104,7 @@ def acting(args) -> str:
 def evaluate(args, script: Script) -> dict:
     """--eval-checkpoint: play the saved policy (sampled as in training, or its mode with --eval-deterministic) on one
     env with the saved normalization frozen; print and log (eval/mean_return, eval/std_return) the raw return, to
-    TensorBoard and, with --track, to W&B."""
+    TensorBoard and, with --track, to W&B. The first Ctrl-C or SIGTERM stops it."""
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
     if args.resume is not None:
         raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
@@ -1427,35 +1116,50 @@ def evaluate(args, script: Script) -> dict:
                          f"checkpoint's own).")
     check_tracking(args)
     if args.capture_video:
-        check_video_dependency()
-    checkpoint = load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = checkpoint_args(checkpoint, script)
+        check_video_writer()
+    source = f"--eval-checkpoint {args.eval_checkpoint}"
+    checkpoint = checkpoints.load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
+    run_args = checkpoints.checkpoint_args(checkpoint, script, source)
+    check_ranges(run_args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, f"{source}: the checkpoint's flag ")
     confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
     check_spaces(run_args.env_id, script)
     run_args = script.defaults(run_args)  # as the run trained, acting as told here
     run_args = dataclasses.replace(run_args, eval_deterministic=args.eval_deterministic)
     if args.capture_video:
-        check_rendering(run_args.env_id, script.procgen_games)
+        check_video(run_args.env_id, script.procgen_games)
     check_writable("runs")
     device, device_note = choose_device(args.cuda)
     envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
                            render_mode="rgb_array" if args.capture_video else None)
-    load_normalizers(envs, checkpoint["normalizers"], freeze=True)
+    checkpoints.load_normalizers(envs, checkpoint["normalizers"], freeze=True, source=source)
+    act = script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
+        module, checkpoint["models"], name, source), device)  # the weights checked, then loaded
     checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
-    run_dir = make_run_dir(dataclasses.replace(run_args, resume=None), f"{checkpoint_dir}__eval")  # after its run
+    run_dir = make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within NAME_LENGTH
+                           f"{checkpoint_dir[:2 * NAME_LENGTH]}__eval")
     print_startup(script, run_args.env_id, device_note, run_dir, {
         "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
         "episodes": f"{args.eval_episodes}, seed {args.seed}, {acting(args)}, normalization frozen"})
     if args.capture_video:
         envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
                                                episode_trigger=lambda episode: episode < args.eval_episodes)
-    act = script.acting_policy(run_args, envs, checkpoint["models"], device)
     seed_everything(args.seed)
-    returns = play(envs, act, args.eval_episodes, args.seed)
-    envs.close()
+    stop = []
+    handlers = {sig: signal.signal(sig, lambda signum, frame: stop.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() \
+        else {}
+    try:
+        returns = play(envs, act, args.eval_episodes, args.seed, stopping=lambda: bool(stop))
+    finally:
+        envs.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if returns is None:
+        print(f"stopped by {signal.Signals(stop[0]).name} before {args.eval_episodes} episodes were played")
+        raise SystemExit(128 + stop[0])
     mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
     if args.track:  # before the writer, whose scalars it syncs
-        start_tracking(dataclasses.replace(args, env_id=run_args.env_id), run_dir, None)
+        start_tracking(dataclasses.replace(args, env_id=run_args.env_id), run_dir)
     writer = SummaryWriter(run_dir)
     writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, {acting(args)}, returns "
                             f"{returns}")
@@ -1544,12 +1248,14 @@ def mean_over_workers(x):
 
 
 def check_finite(iteration: int, **losses) -> None:
-    """Stop the run, naming the first of `losses` (name=scalar tensor) that is nan or inf: one check per step.
-    torchrun: a loss that is not finite on any worker stops all of them at the same step, with the same sentence."""
+    """Stop the run in one sentence, naming the first of `losses` (name=scalar tensor) that is nan or inf, before the
+    step it would take: the last checkpoint written stays the last good one. torchrun: a loss that is not finite on
+    any worker stops all of them at the same step, with the same sentence."""
     values = mean_over_workers(torch.stack([loss.detach() for loss in losses.values()]))
     if not torch.isfinite(values).all():
         name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))
-        raise FloatingPointError(f"{name} is not finite at iteration {iteration}; stopping.")
+        raise SystemExit(f"{name} is not finite at iteration {iteration}: the run stops before this step; its last "
+                         f"checkpoint, if one was written, is the last good one.")
 
 
 def global_batch(x):

@@ -30,6 +30,7 @@ import torch
 import torch.nn as nn
 import tyro
 
+import checkpoints
 import harness
 
 
@@ -384,9 +385,10 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device, envs, run dir, logs
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, torchrun workers, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    args, device, writer = run.args, run.device, run.writer
 
     policy, value_net = PolicyNetwork(envs, args.bf16).to(device), ValueNetwork(envs, args.bf16).to(device)
     harness.broadcast_weights(policy, value_net)  # torchrun: every worker starts from rank 0's weights
@@ -409,7 +411,7 @@ def train(args: Args) -> dict:
     aux_optimizer = torch.optim.Adam(parameters, lr=args.aux_learning_rate, eps=args.adam_eps,
                                      betas=(flags.adam_beta1, flags.adam_beta2), foreach=True)
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
-    noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
+    noise_scale = GradientNoiseScale() if args.noise_scale else None
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     num_actions = envs.single_action_space.n
     # the phase's observations (env dtype: uint8 for Procgen) and value targets wait on the CPU for the
@@ -429,13 +431,13 @@ def train(args: Args) -> dict:
     # what a checkpoint holds (with the EWMA weight w, the env stack's state and statistics and the RNGs), restored
     # with --resume; checkpoints are taken only where a phase ends (its buffer is then spent), the first phase end
     # at or after every --checkpoint-every iterations
-    saved = harness.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
-                          optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
-                          normalizers={"reward": reward_normalizer, "advantages": adv_moments,
-                                       "noise_scale": noise_scale})
+    saved = checkpoints.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
+                              optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
+                              normalizers={"reward": reward_normalizer, "advantages": adv_moments,
+                                           "noise_scale": noise_scale}, keys={"ewma_weight": ewma_weight})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
-    ewma_weight = run.restored("ewma_weight", ewma_weight)
+    ewma_weight = run.restored("ewma_weight")
 
     for iteration in range(first_iteration, num_iterations + 1):
         # a phase: N_pi iterations of the policy phase, then the auxiliary phase
@@ -730,6 +732,63 @@ def categorical_kl(logits_p, logits_q):
     return (log_p.exp() * (log_p - log_q)).sum(-1)
 
 
+# ------------------------------------------------------- a diagnostic the paper uses: the gradient noise scale
+def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
+    """Unbiased (|G|^2, tr(Sigma)) from gradients' squared norms over two batch sizes (McCandlish et al., 2018, App. A):
+    |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), tr(Sigma) = (|G_small|^2 - |G_big|^2) /
+    (1/B_small - 1/B_big)."""
+    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+    return grad_sq, trace
+
+
+class GradientNoiseScale:
+    """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
+    minibatch gradients (B_small) and their mean (B_big: the epoch) give one estimate of both parts, averaged over the
+    iteration's epochs and smoothed by an EWMA over iterations before the ratio is taken, as McCandlish et al.
+    recommend; the ratio is nan while the EWMA of |G|^2 (often negative near a stationary point) is not positive."""
+
+    def __init__(self, decay=0.9):
+        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
+        self.sq_norms, self.grad_sum, self.epochs = [], None, []
+
+    @torch.no_grad()
+    def add(self, *modules):
+        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
+        grad = torch.cat([p.grad.reshape(-1) for module in modules for p in module.parameters() if p.grad is not None])
+        self.sq_norms.append(grad.square().sum())
+        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
+
+    def end_epoch(self, minibatch_size):
+        num_minibatches = len(self.sq_norms)
+        if num_minibatches > 1:  # two batch sizes are needed
+            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
+            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
+                                                     big_sq_norm, num_minibatches * minibatch_size))
+        self.sq_norms, self.grad_sum = [], None
+
+    def end_iteration(self):
+        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
+        if self.epochs:
+            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
+            self.weight = self.decay * self.weight + 1.0
+            self.grad_sq = self.decay * self.grad_sq + grad_sq
+            self.trace = self.decay * self.trace + trace
+            self.epochs = []
+        if not self.weight:
+            return float("nan"), float("nan"), float("nan")
+        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
+
+    def log(self, writer, global_step, minibatch_size) -> None:
+        """The iteration's estimates to TensorBoard, next to the minibatch size they are compared with."""
+        b_simple, grad_sq, trace = self.end_iteration()
+        writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
+        writer.add_scalar("charts/grad_noise_trace", trace, global_step)
+        writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
+        writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
+
+
 # ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "n_pi": "[1, inf)", "value_epochs": "[0, inf)",
@@ -771,11 +830,11 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
                                aux_minibatch_size=args.aux_minibatch_size // world_size)
 
 
-def acting_policy(args: Args, envs, models: dict, device):
+def acting_policy(args: Args, envs, load, device):
     """The checkpoint's policy network (not the EWMA) as obs -> env actions, sampled or (--eval-deterministic) the
     most likely."""
     policy = PolicyNetwork(envs).to(device)
-    harness.load_weights(policy, models, "policy")
+    load(policy, "policy")  # the checkpoint's weights, checked
 
     def act(obs):
         logits = policy.get_pi(obs)
@@ -786,7 +845,8 @@ def acting_policy(args: Args, envs, models: dict, device):
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
                         worker_share=worker_share, procgen=True,
-                        missing_flags={"adjust_aux": False})  # runs before --adjust-aux left the aux phase alone
+                        missing_flags={"adjust_aux": False},  # runs before --adjust-aux left the aux phase alone
+                        checkpoint_keys=("ewma_weight",))
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import tyro
 
+import checkpoints
 import harness
 
 
@@ -166,8 +167,9 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps  # N = K actors x N/K steps
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, seeds, device, envs, run dir, logs
-    envs, device, writer = run.envs, run.device, run.writer
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
+    device, writer = run.device, run.writer
 
     agent = Agent(envs).to(device)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
@@ -185,12 +187,13 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=torch.float32, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
-    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
+    batch = {"obs": obs, "actions": actions, "advantages": rewards, "returns": rewards, "behav_mean": behav_means,
+             "behav_log_std": behav_log_stds}  # what each stored batch holds: a checkpoint's are checked against it
+    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+                              keys={"replay": deque([batch], maxlen=args.replay_batches)})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    if run.checkpoint is not None:  # the stored batches, each checked against this run's rollout buffers
-        batch = {"obs": obs, "actions": actions, "advantages": rewards, "returns": rewards, "behav_mean": behav_means,
-                 "behav_log_std": behav_log_stds}
-        replay.batches.extend(run.restored("replay", deque([batch], maxlen=args.replay_batches)))
+    if run.checkpoint is not None:  # the stored batches
+        replay.batches.extend(run.restored("replay"))
 
     for iteration in range(first_iteration, num_iterations + 1):
         # step size beta = 3e-4 alpha and clip factor epsilon = 0.2 alpha (Table II)
@@ -401,11 +404,11 @@ def describe(args: Args, num_iterations: int) -> str:
             f"{batch_size // args.num_minibatches}, L = {args.replay_batches}")
 
 
-def acting_policy(args: Args, envs, models: dict, device):
+def acting_policy(args: Args, envs, load, device):
     """The checkpoint's policy network as obs -> env actions, sampled or (--eval-deterministic) the mean, clipped to
     the bounds as in training."""
     agent = Agent(envs).to(device)
-    harness.load_weights(agent, models, "agent")
+    load(agent, "agent")  # the checkpoint's weights, checked
 
     def act(obs):
         mean, log_std = agent.get_pi(obs).chunk(2, dim=-1)
@@ -415,7 +418,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe, actions="continuous",
-                        images=False)
+                        images=False, checkpoint_keys=("replay",))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ import torch
 import torch.nn as nn
 import tyro
 
+import checkpoints
 import harness
 
 
@@ -333,9 +334,10 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device, envs, run dir, logs
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, torchrun workers, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    args, device, writer = run.args, run.device, run.writer
 
     agent = Agent(envs, args.bf16).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
@@ -354,7 +356,7 @@ def train(args: Args) -> dict:
                                  betas=(args.adam_beta1, args.adam_beta2), foreach=True)
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
-    noise_scale = harness.GradientNoiseScale() if args.noise_scale else None
+    noise_scale = GradientNoiseScale() if args.noise_scale else None
     warn_about_settings(args, agent.continuous)
 
     # rollout storage
@@ -376,11 +378,11 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
-    saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
-                          normalizers={"reward": reward_normalizer, "advantages": adv_moments,
-                                       "noise_scale": noise_scale})
+    saved = checkpoints.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
+                              normalizers={"reward": reward_normalizer, "advantages": adv_moments,
+                                           "noise_scale": noise_scale}, keys={"ewma_weight": ewma_weight})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    ewma_weight = run.restored("ewma_weight", ewma_weight)  # theta_prox spans iterations: its w comes back with it
+    ewma_weight = run.restored("ewma_weight")  # theta_prox spans iterations: its w comes back with it
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":
@@ -749,6 +751,63 @@ def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, l
     return lr
 
 
+# ------------------------------------------------------- a diagnostic the paper uses: the gradient noise scale
+def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
+    """Unbiased (|G|^2, tr(Sigma)) from gradients' squared norms over two batch sizes (McCandlish et al., 2018, App. A):
+    |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), tr(Sigma) = (|G_small|^2 - |G_big|^2) /
+    (1/B_small - 1/B_big)."""
+    grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
+    trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
+    return grad_sq, trace
+
+
+class GradientNoiseScale:
+    """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
+    minibatch gradients (B_small) and their mean (B_big: the epoch) give one estimate of both parts, averaged over the
+    iteration's epochs and smoothed by an EWMA over iterations before the ratio is taken, as McCandlish et al.
+    recommend; the ratio is nan while the EWMA of |G|^2 (often negative near a stationary point) is not positive."""
+
+    def __init__(self, decay=0.9):
+        self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
+        self.sq_norms, self.grad_sum, self.epochs = [], None, []
+
+    @torch.no_grad()
+    def add(self, *modules):
+        """After backward(): this minibatch's gradient (under torchrun, this worker's, before averaging)."""
+        grad = torch.cat([p.grad.reshape(-1) for module in modules for p in module.parameters() if p.grad is not None])
+        self.sq_norms.append(grad.square().sum())
+        self.grad_sum = grad if self.grad_sum is None else self.grad_sum + grad
+
+    def end_epoch(self, minibatch_size):
+        num_minibatches = len(self.sq_norms)
+        if num_minibatches > 1:  # two batch sizes are needed
+            big_sq_norm = (self.grad_sum / num_minibatches).square().sum().item()
+            self.epochs.append(noise_scale_estimates(torch.stack(self.sq_norms).mean().item(), minibatch_size,
+                                                     big_sq_norm, num_minibatches * minibatch_size))
+        self.sq_norms, self.grad_sum = [], None
+
+    def end_iteration(self):
+        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
+        if self.epochs:
+            grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
+            self.weight = self.decay * self.weight + 1.0
+            self.grad_sq = self.decay * self.grad_sq + grad_sq
+            self.trace = self.decay * self.trace + trace
+            self.epochs = []
+        if not self.weight:
+            return float("nan"), float("nan"), float("nan")
+        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
+        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
+
+    def log(self, writer, global_step, minibatch_size) -> None:
+        """The iteration's estimates to TensorBoard, next to the minibatch size they are compared with."""
+        b_simple, grad_sq, trace = self.end_iteration()
+        writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
+        writer.add_scalar("charts/grad_noise_trace", trace, global_step)
+        writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
+        writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
+
+
 # ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
@@ -791,18 +850,19 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
 
 
-def acting_policy(args: Args, envs, models: dict, device):
+def acting_policy(args: Args, envs, load, device):
     """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> env actions, sampled or
     (--eval-deterministic) the mode; clipped to the bounds for continuous actions, as in training."""
     agent = Agent(envs).to(device)
-    harness.load_weights(agent, models, "agent")
+    load(agent, "agent")  # the checkpoint's weights, checked
     return harness.actor(lambda obs: sample_actions(agent.get_pi(obs), agent.continuous, agent.nvec,
                                                     mode=args.eval_deterministic), envs, device)
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
-                        worker_share=harness.worker_share, procgen=True, actions="all")
+                        worker_share=harness.worker_share, procgen=True, actions="all",
+                        checkpoint_keys=("ewma_weight",))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import tyro
 
+import checkpoints
 import harness
 
 
@@ -235,9 +236,10 @@ def train(args: Args) -> dict:
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # trained on; the last may run past the steps
     last_iteration = count_iterations(args, num_iterations, checkpoint)  # k warm-up rollouts, then the trained ones
-    run = harness.start(SCRIPT, args, checkpoint, last_iteration)  # checks, seeds, device, envs, run dir, logs
+    run = harness.start(SCRIPT, args, checkpoint, last_iteration)  # checks, torchrun workers, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
-    args, envs, device, writer = run.args, run.envs, run.device, run.writer
+    args, device, writer = run.args, run.device, run.writer
     recent_chunk_size = 64 if device.type == "cpu" else minibatch_size  # CPU: bounds memory, same numbers
 
     agent = Agent(envs, args.bf16).to(device)
@@ -254,10 +256,10 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds besides the envs and RNGs, restored with --resume (not the queue: see count_iterations)
-    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
-                          normalizers={"reward": reward_normalizer})
+    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+                              normalizers={"reward": reward_normalizer}, keys={"trained_steps": 0, "queued": 0})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
-    trained_steps = run.restored("trained_steps", 0)
+    trained_steps = run.restored("trained_steps")
 
     for iteration in range(first_iteration, last_iteration + 1):
         # fresh storage every iteration: the queue keeps each rollout until it is trained on
@@ -537,7 +539,11 @@ def count_iterations(args: Args, num_iterations: int, checkpoint) -> int:
     """Iterations of the run: k warm-up rollouts, then num_iterations trained ones. The queue is not saved (k rollouts
     of 0.8 GB at the paper's scale), so a resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
-        return checkpoint["num_iterations"] + harness.checked(checkpoint.get("queued"), args.staleness, "queued")
+        source = f"--resume {args.resume}"
+        queued = checkpoints.checked(checkpoint.get("queued"), args.staleness, "queued", source)
+        if not 0 <= queued <= args.staleness:
+            raise SystemExit(f"{source}: its queued {queued} is not a queue's length under --staleness {args.staleness}.")
+        return checkpoint["num_iterations"] + queued
     return num_iterations + args.staleness
 
 
@@ -551,11 +557,11 @@ def run_name(args: Args) -> str:
     return f"{harness.portable(args.env_id)}__{args.exp_name}_{args.objective}_k{args.staleness}__{args.seed}"
 
 
-def acting_policy(args: Args, envs, models: dict, device):
+def acting_policy(args: Args, envs, load, device):
     """The checkpoint's policy, the latest weights, as obs -> env actions, sampled or (--eval-deterministic) the most
     likely."""
     agent = Agent(envs).to(device)
-    harness.load_weights(agent, models, "agent")
+    load(agent, "agent")  # the checkpoint's weights, checked
 
     def act(obs):
         logits = agent.get_pi(obs)
@@ -565,7 +571,8 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
-                        worker_share=harness.worker_share, run_name=run_name, procgen=True)
+                        worker_share=harness.worker_share, run_name=run_name, procgen=True,
+                        checkpoint_keys=("trained_steps", "queued"))
 
 
 if __name__ == "__main__":

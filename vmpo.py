@@ -30,6 +30,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
+import checkpoints
 import harness
 
 
@@ -257,8 +258,9 @@ def train(args: Args) -> dict:
     batch_size = args.num_envs * args.num_steps  # N x T
     minibatch_size = batch_size // args.num_minibatches
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device, envs, run dir, logs
-    envs, device, writer = run.envs, run.device, run.writer
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
+    device, writer = run.device, run.writer
     target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
 
@@ -294,13 +296,14 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.ones(args.num_envs, device=device)  # each env starts an episode (--lstm: zero memory)
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
-    saved = harness.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
-                          optimizers={"optimizer": optimizer})
-    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
     # --lstm: what the acting network carries from step to step, its core state [N, 2, H] and last action and reward:
     # zero at the start, as the checkpoint left it with --resume
-    memory = run.restored("memory", agent.core.initial_memory(args.num_envs, device)) if args.lstm else {}
+    memory = agent.core.initial_memory(args.num_envs, device) if args.lstm else {}
+    saved = checkpoints.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
+                              optimizers={"optimizer": optimizer}, keys={"memory": memory} if args.lstm else {})
+    global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
+    learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
+    memory = run.restored("memory") if args.lstm else {}
 
     for iteration in range(first_iteration, num_iterations + 1):
         # rollout: the target network acts n steps in each of the N envs (Algorithm 1)
@@ -701,11 +704,11 @@ def check_args(args: Args, observation_space, action_space) -> None:
     harness.check_memory(batch_size * sample_bytes, args.cuda, "The rollout buffers", "--num-envs or --num-steps")
 
 
-def acting_policy(args: Args, envs, models: dict, device):
+def acting_policy(args: Args, envs, load, device):
     """The checkpoint's acting network (V-MPO: the target network) as obs -> env actions, sampled or
     (--eval-deterministic) the mode: the most likely action, the Gaussian's mean."""
     agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std, lstm=args.lstm).to(device)
-    harness.load_weights(agent, models, "target_agent")
+    load(agent, "target_agent")  # the checkpoint's weights, checked
     memory = agent.core.initial_memory(envs.num_envs, device) if args.lstm else {}
 
     def act(obs, prev_reward=None, done=None):  # --lstm: the previous step's reward and done, and its action below
@@ -722,7 +725,7 @@ def acting_policy(args: Args, envs, models: dict, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults, procgen=True,
-                        actions="any")
+                        actions="any", checkpoint_keys=("memory",))
 
 
 if __name__ == "__main__":

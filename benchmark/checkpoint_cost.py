@@ -14,6 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import checkpoints
 import harness  # noqa: E402
 import ppg_ewma  # noqa: E402
 import ppo_ewma  # noqa: E402
@@ -30,7 +31,7 @@ def time_writes(path, checkpoint, repeats):
     seconds = []
     for _ in range(repeats):
         start = time.perf_counter()
-        harness.save_checkpoint(path, checkpoint)
+        checkpoints.save_checkpoint(path, checkpoint)
         seconds.append(time.perf_counter() - start)
     return seconds
 
@@ -61,7 +62,7 @@ def main():
 
     print(f"writing to {out_dir}, {cli.repeats} times each")
     for name, (run_args, run_models, optimizers) in cases.items():
-        checkpoint = harness.make_checkpoint(run_args, harness.Saved(run_models, optimizers), envs, next_obs,
+        checkpoint = checkpoints.make_checkpoint(run_args, checkpoints.Saved(run_models, optimizers), envs, next_obs,
                                              torch.zeros(args.num_envs), global_step=0, iteration=1,
                                              num_iterations=100, episode_returns=[])
         path = os.path.join(out_dir, f"{name}.checkpoint.pt")

@@ -3,8 +3,11 @@ a correct run, within seconds, importing, allocating and writing nothing that th
 (docs/running.md, "A checkpoint from someone else"). Each test failed on the code before these checks."""
 import copy
 import glob
+import math
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import time
 import zipfile
@@ -14,6 +17,7 @@ import pytest
 import torch
 import tyro
 
+import checkpoints
 import harness
 import ppo_ewma
 
@@ -92,18 +96,22 @@ def test_no_checkpoint_makes_a_load_allocate_more_than_the_rebuilt_run_holds(sto
         halves = [halves, halves]
     craft(lambda checkpoint: layer(checkpoint, "RecordEpisodeStatistics").update(return_queue=halves))
     assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
-    assert "RecordEpisodeStatistics.return_queue is a list, not a number" in capsys.readouterr().out
+    assert "RecordEpisodeStatistics.return_queue[0] is a list, not a float" in capsys.readouterr().out
     for edit, message in [
         (lambda checkpoint: checkpoint["normalizers"]["reward"].update(returns=torch.zeros(1).expand(10**10)),
-         r"^The checkpoint's reward statistics\['returns'\] is a torch\.float32 tensor of shape \[10000000000\], not "
-         r"a torch\.float32 tensor of shape \[2\]: it is not this run's\.$"),
+         r"^--resume .*checkpoint\.pt: its reward statistics\['returns'\] is a torch\.float32 tensor of shape "
+         r"\[10000000000\], not a torch\.float32 tensor of shape \[2\]: it is not this run's\.$"),
         (lambda checkpoint: checkpoint["models"]["agent"].update({"actor.weight": torch.zeros(1).expand(10**5, 10**5)}),
-         r"^The checkpoint's agent\['actor\.weight'\] is a torch\.float32 tensor of shape \[100000, 100000\], not a "
-         r"torch\.float32 tensor of shape \[2, 64\]: it is not the network these flags build\.$"),
+         r"^--resume .*checkpoint\.pt: its agent\['actor\.weight'\] is a torch\.float32 tensor of shape "
+         r"\[100000, 100000\], not a torch\.float32 tensor of shape \[2, 64\]: it is not this run's\.$"),
         (lambda checkpoint: checkpoint["optimizers"]["optimizer"]["state"][0].update(exp_avg=torch.zeros(1).expand(
-            10**10)), r"^--resume: the checkpoint's optimizer does not fit this run's: holds values of parameter 0 "),
+            10**10)), r"^--resume .*checkpoint\.pt: its optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 "
+                      r"tensor of shape \[10000000000\], not a torch\.float32 tensor of shape \[64, 4\]"),
         (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 10**6, 0, 0, 0.0)),
-         r"^--resume: the checkpoint's random state is not one this run can take"),
+         r"^--resume .*checkpoint\.pt would build more than 64 MiB of Python objects as it is read \(a run's "
+         r"checkpoint holds far less\): it is not a checkpoint of this project\.$"),  # 10^6 numbers, each an object
+        (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 1000, 0, 0, 0.0)),
+         r"^--resume .*checkpoint\.pt: its rng\['numpy'\]\[1\] is not a list of 624 items: it is not this run's\.$"),
     ]:
         craft(edit)
         with pytest.raises(SystemExit, match=message):
@@ -152,17 +160,17 @@ def test_the_env_state_sets_only_its_layers_own_attributes_with_their_types(stop
         assert f"the envs restart with new episodes (the checkpoint's {reason})" in capsys.readouterr().out
     for edit, message in [
         (lambda checkpoint: checkpoint["args"].update(num_envs="2"),
-         r"^The checkpoint's flag num_envs is '2', which --num-envs cannot be \(<class 'int'>\)\.$"),
-        (lambda checkpoint: checkpoint["args"].update(objective="bogus"), r"^The checkpoint's flag objective is "),
+         r"checkpoint\.pt: its flag num_envs is '2', which --num-envs cannot be \(<class 'int'>\)\.$"),
+        (lambda checkpoint: checkpoint["args"].update(objective="bogus"), r"checkpoint\.pt: its flag objective is "),
         (lambda checkpoint: checkpoint["args"].update(num_envs=-2),
-         r"^The checkpoint holds a flag that no command line could give: --num-envs must be in \[1, inf\)"),
+         r"checkpoint\.pt: the checkpoint's flag --num-envs must be in \[1, inf\), got -2\.$"),
         (lambda checkpoint: checkpoint["normalizers"]["advantages"].update(__dict__={}),
-         r"^The checkpoint's advantages statistics does not hold the keys "),
+         r"checkpoint\.pt: its advantages statistics does not hold the keys "),
         (lambda checkpoint: checkpoint["models"]["agent"].update({"critic.weight": torch.zeros(2, 64)}),
-         r"^The checkpoint's agent\['critic\.weight'\] is a torch\.float32 tensor of shape \[2, 64\], not a "
-         r"torch\.float32 tensor of shape \[1, 64\]: it is not the network these flags build\.$"),
-        (lambda checkpoint: checkpoint.update(ewma_weight=[1.0] * 3), r"^The checkpoint's ewma_weight is a list, not a "
-                                                                     r"number: it is not this run's\.$"),
+         r"checkpoint\.pt: its agent\['critic\.weight'\] is a torch\.float32 tensor of shape \[2, 64\], not a "
+         r"torch\.float32 tensor of shape \[1, 64\]: it is not this run's\.$"),
+        (lambda checkpoint: checkpoint.update(ewma_weight=[1.0] * 3), r"checkpoint\.pt: its ewma_weight is a list, not "
+                                                                     r"a float: it is not this run's\.$"),
     ]:
         craft(edit)
         evaluation_reads_it = "statistics" not in message and "ewma_weight" not in message  # it plays the policy
@@ -185,13 +193,14 @@ def test_runs_never_share_a_directory_nor_overwrite_a_newer_checkpoint(stopped, 
                                          r"would overwrite; to branch from this checkpoint, copy it into a directory "
                                          r"of its own and resume the copy\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=older))
-    open(path + ".tmp4242", "w").close()  # what a checkpoint write killed by SIGKILL leaves
+    stale = os.path.join(run_dir, ".checkpoint.pt.0123456789abcdef.tmp")  # what a write killed by SIGKILL leaves
+    open(stale, "w").close()
     ppo_ewma.train(ppo_ewma.Args(resume=path))  # the newest checkpoint: the run continues in its directory
-    assert not glob.glob(path + ".tmp*") and os.path.exists(os.path.join(run_dir, "model.pt"))
+    assert not os.path.exists(stale) and os.path.exists(os.path.join(run_dir, "model.pt"))
     with pytest.raises(SystemExit, match=r"its directory holds .*model\.pt, which the resumed run would overwrite"):
         ppo_ewma.train(ppo_ewma.Args(resume=older))  # a finished run's model.pt
-    with pytest.raises(SystemExit, match=r"^--exp-name '/\.\./\.\./x' must be a plain name \(no '/'\): it names the "
-                                         r"run's directory in runs/\.$"):
+    with pytest.raises(SystemExit, match=r"^--exp-name '/\.\./\.\./x' must be a plain name \(no '/'\) of at most 64 "
+                                         r"characters: it names the run's directory in runs/\.$"):
         ppo_ewma.train(ppo_ewma.Args(**TINY, exp_name="/../../x"))
 
 
@@ -273,8 +282,288 @@ def test_the_checks_take_what_runs_save_observation_statistics_included(tmp_path
                                    total_timesteps=128, cuda=False))
     saved = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["normalizers"]["obs_0"]
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Hopper-v5", num_envs=1)))
-    harness.load_normalizers(envs, {"obs_0": saved}, freeze=True)
-    rms = harness.env_normalizers(envs)["obs_0"][1]
+    checkpoints.load_normalizers(envs, {"obs_0": saved}, freeze=True)
+    rms = checkpoints.env_normalizers(envs)["obs_0"][1]
     assert saved["mean"].dtype == torch.float64 and np.array_equal(rms.mean, saved["mean"].numpy())
     assert len(vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=1,
                                     cuda=False))["returns"]) == 1
+
+
+# ================================================================ round three: the guarantees hold by construction
+OUTSIDE = "outside.txt"  # a file of the user's, beside runs/, that no run may write
+
+
+def outside(tmp_path):
+    (tmp_path / OUTSIDE).write_text("the user's own file\n")
+    return tmp_path / OUTSIDE
+
+
+# 1 ---------------------------------------------------------------------------------- writes never follow a link
+def test_a_run_directory_with_a_link_is_refused_and_the_file_behind_it_stays(stopped, tmp_path):
+    path, craft = stopped
+    target = outside(tmp_path)
+    run_dir = os.path.dirname(path)
+    # finished run: its model.pt was copied through model.pt.tmp, which a shipped directory made a link to target
+    craft(lambda checkpoint: checkpoint.update(iteration=3, global_step=3 * 64))
+    os.symlink(target, os.path.join(run_dir, "model.pt.tmp"))
+    with pytest.raises(SystemExit, match=r"its directory holds a link, .*model\.pt\.tmp, which no run makes: the "
+                                         r"resumed run would write through it"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    os.remove(os.path.join(run_dir, "model.pt.tmp"))
+    for pid in range(4):  # a link for every temporary name an older writer used (checkpoint.pt.tmp<pid>)
+        os.symlink(target, os.path.join(run_dir, f"checkpoint.pt.tmp{pid}"))
+    craft()
+    with pytest.raises(SystemExit, match=r"its directory holds a link"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert target.read_text() == "the user's own file\n"
+
+
+def test_every_write_makes_a_new_file_and_replaces_a_link_instead_of_following_it(tmp_path):
+    target = outside(tmp_path)
+    path = str(tmp_path / "checkpoint.pt")
+    os.symlink(target, path)  # a link at the final name: replaced, not followed
+    checkpoints.save_checkpoint(path, {"iteration": 1})
+    assert not os.path.islink(path) and torch.load(path)["iteration"] == 1
+    assert target.read_text() == "the user's own file\n"
+    os.mkdir(tmp_path / "model.pt")  # a directory in the way: one sentence, no temporary left
+    with pytest.raises(SystemExit, match=r"model\.pt could not be written \(Is a directory\)\.$"):
+        checkpoints.save_checkpoint(str(tmp_path / "model.pt"), {"iteration": 1})
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt", "model.pt", OUTSIDE]
+
+
+def test_a_full_disk_is_one_sentence_the_previous_checkpoint_intact_and_no_temporary_left(tmp_path, monkeypatch):
+    path = str(tmp_path / "checkpoint.pt")
+    checkpoints.save_checkpoint(path, {"iteration": 1})
+
+    def full(obj, file):  # torch.save on a full disk: part of the file written, then PyTorchFileWriter's error
+        file.write(b"part of a checkpoint")
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
+                           "data/0: file write failed")
+    monkeypatch.setattr(checkpoints.torch, "save", full)
+    with pytest.raises(SystemExit, match=r"checkpoint\.pt could not be written \(the disk is full\); the one before "
+                                         r"is kept\.$"):
+        checkpoints.save_checkpoint(path, {"iteration": 2})
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["checkpoint.pt"] and torch.load(path)["iteration"] == 1
+
+
+# 2 ------------------------------------------------------------------ nothing from a file chooses where data goes
+def test_a_checkpoint_never_turns_tracking_on_nor_chooses_its_project(stopped, monkeypatch):
+    path, craft = stopped
+    started = []
+    monkeypatch.setattr(harness, "start_tracking", lambda args, run_dir, run_id=None: started.append(
+        (args.track, args.wandb_entity, args.wandb_project_name, run_id)))
+    craft(lambda checkpoint: (checkpoint["args"].update(track=True, wandb_entity="attacker-team",
+                                                        wandb_project_name="open-collect"),
+                              checkpoint.update(wandb_run_id="abcd1234")))
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64  # (the stand-in W&B returns no id)
+    assert started == []  # the command line did not ask for --track
+    craft(lambda checkpoint: (checkpoint["args"].update(track=True, wandb_entity="attacker-team",
+                                                        wandb_project_name="open-collect"),
+                              checkpoint.update(wandb_run_id="abcd1234")))
+    ppo_ewma.train(ppo_ewma.Args(resume=path, track=True))
+    assert started == [(True, None, "policy-optimization", "abcd1234")]  # the user's own entity and project
+    for run_id, message in [("a/b", r"its wandb_run_id 'a/b' is not a W&B run id\.$"),
+                            (12345, r"is not a ppo_ewma\.py checkpoint\.$")]:
+        craft(lambda checkpoint: checkpoint.update(wandb_run_id=run_id))
+        with pytest.raises(SystemExit, match=message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path, track=True))
+
+
+# 3 ----------------------------------------------------------------------- memory and time bounded by the run
+def peak_rss_of_resuming(path, cwd):
+    """The peak resident memory (bytes) of a process that resumes `path` (its VmHWM: ru_maxrss would carry this
+    process's own over the fork), and its output."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import ppo_ewma\n"
+            "try:\n    ppo_ewma.train(ppo_ewma.Args(resume=sys.argv[2], cuda=False))\n"
+            "except SystemExit as error:\n    print(error)\n"
+            "print('peak', [int(line.split()[1]) * 1024 for line in open('/proc/self/status') if "
+            "line.startswith('VmHWM')][0])\n")
+    result = subprocess.run([sys.executable, "-c", code, SCRIPT_DIR, path], cwd=cwd, capture_output=True, text=True,
+                            timeout=120)
+    return int(result.stdout.split("peak ")[-1]), result.stdout
+
+
+def test_an_unknown_key_is_refused_without_its_data_being_read(stopped, tmp_path):
+    path, craft = stopped
+    plain, _ = peak_rss_of_resuming(path, tmp_path)
+    craft(lambda checkpoint: checkpoint.update(readme=torch.zeros(2**26)))  # 256 MiB that nothing should read
+    crafted, out = peak_rss_of_resuming(path, tmp_path)
+    assert "holds 'readme', which no ppo_ewma.py checkpoint holds." in out
+    assert crafted < plain + 64 * 2**20, (crafted, plain)  # read, it would add 256 MiB
+    craft(lambda checkpoint: checkpoint["args"].update(readme="x"))
+    with pytest.raises(SystemExit, match=r"is not a ppo_ewma\.py checkpoint\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+
+
+def test_what_the_run_holds_is_checked_against_the_memory_before_anything_is_built(stopped, monkeypatch):
+    path, craft = stopped
+    monkeypatch.setattr(harness, "available_memory", lambda cuda: {"memory": 2**30})
+    for edit, message in [
+        (lambda args: args.update(num_envs=10**6, num_steps=1, total_timesteps=3 * 10**6),
+         r"The 1,000,000 envs need .* GiB but only 1\.0 GiB of memory is available; lower --num-envs\.$"),
+        (lambda args: args.update(eval_every=1, eval_episodes=300_000),
+         r"The 2 envs and 300,000 evaluation envs need .* GiB but only 1\.0 GiB of memory is available; lower "
+         r"--num-envs or --eval-episodes\.$"),
+        (lambda args: args.update(torch_threads=2000),
+         rf"the checkpoint's flag --torch-threads must be at most this machine's {os.cpu_count()} cores, got 2000\.$"),
+        (lambda args: args.update(torch_threads=2**31), r"--torch-threads must be at most"),
+    ]:
+        craft(lambda checkpoint: edit(checkpoint["args"]))
+        with pytest.raises(SystemExit, match=message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    with pytest.raises(SystemExit, match=rf"^--torch-threads must be at most this machine's {os.cpu_count()} cores"):
+        ppo_ewma.train(ppo_ewma.Args(**TINY, torch_threads=2000))
+
+
+def test_the_first_sigterm_stops_an_evaluation(stopped, monkeypatch):
+    path, craft = stopped
+    real_play = harness.play
+
+    def sigterm_after_a_few_steps(envs, act, num_episodes, seed, stopping=lambda: False):
+        steps = []
+
+        def act_then_signal(obs, *previous):
+            steps.append(1)
+            if len(steps) == 5:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return act(obs, *previous)
+        return real_play(envs, act_then_signal, num_episodes, seed, stopping)
+    monkeypatch.setattr(harness, "play", sigterm_after_a_few_steps)
+    with pytest.raises(SystemExit) as stopped_by:
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=path, eval_episodes=300))
+    assert stopped_by.value.code == 128 + signal.SIGTERM
+    craft(lambda checkpoint: checkpoint["args"].update(eval_every=1, eval_episodes=300))  # --eval-every's, in training
+    with pytest.raises(SystemExit) as stopped_by:
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert stopped_by.value.code == 128 + signal.SIGTERM  # at the end of the iteration, the evaluation cut short
+
+
+# 4 -------------------------------------------------------------------------------- one writer per run directory
+def test_a_second_run_of_one_directory_is_refused_while_the_first_lives(stopped):
+    path, _ = stopped
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                               "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
+                               "os.write(fd, b'4242\\n')\nprint('locked', flush=True)\ntime.sleep(60)\n",
+                               os.path.join(os.path.dirname(path), "run.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        with pytest.raises(SystemExit, match=r"is in use by another run \(process 4242\): one run writes a run "
+                                             r"directory at a time\.$"):
+            ppo_ewma.train(ppo_ewma.Args(resume=path, checkpoint_every=1))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64  # a dead holder's lock is taken over
+
+
+# 5 --------------------------------------------------------- values that fit their type, then broke the run
+def test_every_value_read_fits_the_run_or_is_refused_in_one_sentence_naming_the_file_and_key(stopped):
+    path, craft = stopped
+    nan = float("nan")
+    named = r"^--resume .*checkpoint\.pt: its "
+    for edit, message in [
+        (lambda c: c["normalizers"]["reward"].update(mean=nan), r"reward statistics\['mean'\] is nan or inf"),
+        (lambda c: c["normalizers"]["obs_0"].update(var=torch.full((4,), math.inf)) if "obs_0" in c["normalizers"]
+         else c["models"]["agent"]["actor.bias"].fill_(nan), r"agent\['actor\.bias'\] holds nan or inf"),
+        (lambda c: c["optimizers"]["optimizer"]["param_groups"][0].update(lr=nan),
+         r"optimizer\['param_groups'\]\[0\]\['lr'\] is nan or inf"),
+        (lambda c: c["normalizers"]["reward"].update(mean=torch.tensor(0.5, dtype=torch.bfloat16)),
+         r"reward statistics\['mean'\] is a Tensor, not a float"),
+        (lambda c: c["normalizers"]["reward"].update(mean=torch.empty((), device="meta")),
+         r"reward statistics\['mean'\] is not a plain tensor \(on the CPU, strided\)"),
+        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1, device="meta")}),
+         r"agent\['critic\.bias'\] is not a plain tensor \(on the CPU, strided\)"),
+        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1).to_sparse()}),
+         r"agent\['critic\.bias'\] is not a plain tensor \(on the CPU, strided\)"),
+        (lambda c: c["env"].update(next_obs=torch.nn.Parameter(c["env"]["next_obs"])),
+         r"next_obs is a Parameter, not a torch\.float32 tensor of shape \[2, 4\]"),
+        (lambda c: c["optimizers"]["optimizer"]["state"][0].update(exp_avg=torch.zeros(())),
+         r"optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 tensor of shape \[\], not a torch\.float32 "
+         r"tensor of shape \[64, 4\]"),
+        (lambda c: c["rng"].update(torch=torch.randint(0, 256, (5056,), dtype=torch.uint8)),
+         r"rng cannot be applied \(RuntimeError"),
+        (lambda c: c["normalizers"]["advantages"].update(decay=1.0, weight=-64.0),
+         r"advantages statistics\['decay'\] is 1\.0, where these flags set 0\.0"),
+        (lambda c: c["normalizers"]["advantages"].update(weight=-64.0), r"advantages statistics\['weight'\] is negative"),
+        (lambda c: c["normalizers"]["reward"].update(gamma=1.5), r"reward statistics\['gamma'\] is 1\.5, where these "
+                                                                 r"flags set 0\.99"),
+        (lambda c: c["normalizers"]["reward"].update(clip=-1.0), r"reward statistics\['clip'\] is -1\.0, where these "
+                                                                 r"flags set 10\.0"),
+        (lambda c: c.update(episode_returns=[10**400]), r"episode_returns\[0\] is nan or inf"),
+        (lambda c: c.update(episode_returns=[1.0] * 101), r"episode_returns is not a list of at most 100 items"),
+        (lambda c: c.update(global_step=2**64), r"iteration 1 does not go with global_step 18446744073709551616 "
+                                                r"\(64 steps each\)"),
+        (lambda c: c.update(iteration=3, global_step=192, num_iterations=5),
+         r"iteration 3 is not one of the run's 3 iterations"),  # the flags give 3 iterations, the file 5
+        (lambda c: c.update(ewma_weight=nan), r"ewma_weight is nan or inf"),
+    ]:
+        craft(edit)
+        with pytest.raises(SystemExit, match=named + message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    craft(lambda c: c.update(iteration=7, global_step=7 * 64))
+    with pytest.raises(SystemExit, match=r"its iteration 7 is beyond its run's 3: it is not a checkpoint a run "
+                                         r"wrote\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    craft(lambda c: c["models"]["agent"]["actor.bias"].fill_(nan))
+    with pytest.raises(SystemExit, match=r"^--eval-checkpoint .*checkpoint\.pt: its agent\['actor\.bias'\] holds nan"):
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=path))
+
+
+def test_an_env_state_that_cannot_step_restarts_the_envs_and_the_run_goes_on(stopped, capsys):
+    path, craft = stopped
+    craft(lambda c: layer(c, "OrderEnforcing").update(_has_reset=False))  # would raise ResetNeeded at the first step
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
+    assert ("note: --resume: the envs restart with new episodes (the checkpoint's env state cannot step "
+            "(ResetNeeded))." in capsys.readouterr().out)
+    craft(lambda c: layer(c, "CartPoleEnv").update(screen=1))  # a screen it never opened: closed at the end
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
+
+
+def test_a_staleness_queue_length_that_no_run_has_is_refused(tmp_path, monkeypatch):
+    import ppo_staleness
+
+    monkeypatch.chdir(tmp_path)
+    result = ppo_staleness.train(ppo_staleness.Args(**TINY, staleness=1, total_timesteps=2 * 64, checkpoint_every=1))
+    path = os.path.join(result["run_dir"], "checkpoint.pt")
+    original = torch.load(path, weights_only=True)
+    os.remove(os.path.join(result["run_dir"], "model.pt"))
+    for queued, message in [(0.5, r"its queued is a float, not a int"),
+                            (-5, r"its queued -5 is not a queue's length under --staleness 1\.$")]:
+        torch.save({**original, "iteration": 1, "global_step": 64, "queued": queued}, path)
+        with pytest.raises(SystemExit, match=message):
+            ppo_staleness.train(ppo_staleness.Args(resume=path))
+
+
+# 6 ---------------------------------------------------------------------------------- names and paths bounded
+def test_names_stay_within_the_file_systems_limit(stopped, tmp_path):
+    path, _ = stopped
+    with pytest.raises(SystemExit, match=r"^--exp-name 'x+\.\.\.x+' must be a plain name \(no '/'\) of at most 64 characters"):
+        ppo_ewma.train(ppo_ewma.Args(**TINY, exp_name="x" * 100))
+    with pytest.raises(SystemExit, match=r"^--env-id and --exp-name name the run directory '.*', 256 characters; at "
+                                         r"most 240 fit: shorten them\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**{**TINY, "env_id": "user_envs:" + "x" * 230 + "-v0"}))
+    deep = tmp_path / ("d" * 240)  # a checkpoint in a directory whose name nearly fills the limit
+    deep.mkdir()
+    shutil.copyfile(path, deep / "model.pt")
+    result = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=str(deep / "model.pt"), eval_episodes=1))
+    assert len(os.path.basename(result["run_dir"])) < 255
+
+
+def test_a_loss_that_stops_being_finite_stops_the_run_in_one_sentence_keeping_its_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match=r"^(policy|value)_loss is not finite at iteration 1: the run stops before "
+                                         r"this step; its last checkpoint, if one was written, is the last good one\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**TINY, learning_rate=1e30, total_timesteps=3 * 64, exp_name="huge"))
+    calls, real_loss = [], ppo_ewma.decoupled_clip_loss  # finite for iteration 1's 2 x 3 steps, then nan
+
+    def nan_from_iteration_2(*args, **kwargs):
+        calls.append(1)
+        return real_loss(*args, **kwargs) * (float("nan") if len(calls) > 6 else 1.0)
+    with monkeypatch.context() as patched, pytest.raises(SystemExit, match=r"^policy_loss is not finite at "
+                                                                            r"iteration 2: the run stops"):
+        patched.setattr(ppo_ewma, "decoupled_clip_loss", nan_from_iteration_2)
+        ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=1, exp_name="nan"))
+    (run_dir,) = glob.glob("runs/*__nan__*")
+    assert torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["iteration"] == 1  # the last good one
+    assert ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt"))["global_step"] == 3 * 64

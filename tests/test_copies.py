@@ -1,5 +1,5 @@
 """The intended copies hold: the project keeps the pieces several scripts share (GAE, the IMPALA CNN and its init, the
-shared losses, the minibatch layout, the reward normalizer, layer_init) written the same way in every script that
+shared losses, the minibatch layout, the reward normalizer, layer_init, the gradient noise scale) written the same way in every script that
 has them, so that a diff of two scripts shows only their algorithmic difference and each still copies out alone."""
 import difflib
 import importlib
@@ -18,7 +18,7 @@ COPIES = {  # a function or class -> the scripts that hold a copy of it
     **{name: BSI for name in ("decoupled_clip_loss", "value_loss", "RewardNormalizer", "minibatch_indices",
                               "epoch_minibatches")},
     **{name: ("ppo_ewma", "ppg_ewma") for name in ("decoupled_kl_loss", "update_ewma", "com_to_decay", "span_to_decay",
-                                                   "EwmaMoments")},
+                                                   "EwmaMoments", "noise_scale_estimates", "GradientNoiseScale")},
     **{name: ("ppo_ewma", "ppo_er") for name in ("gaussian_log_prob", "gaussian_entropy", "mlp")},
     "clip_observations": ("ppo_ewma", "vmpo", "ppo_er"),
 }

@@ -28,6 +28,7 @@ import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as conftest.py, for --record
+import checkpoints
 import harness  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorded_scalars.json")
@@ -308,8 +309,8 @@ def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp
     import ppo_ewma
 
     saved = []
-    real_save = harness.save_checkpoint
-    monkeypatch.setattr(harness, "save_checkpoint", lambda path, checkpoint: (
+    real_save = checkpoints.save_checkpoint
+    monkeypatch.setattr(checkpoints, "save_checkpoint", lambda path, checkpoint: (
         saved.append((os.path.basename(path), checkpoint["iteration"])), real_save(path, checkpoint)))
     result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=50))
     assert saved == [("checkpoint.pt", 3), ("model.pt", 3)]  # 50 is never reached; the last iteration is 3
@@ -550,11 +551,11 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
     played = []  # (obs, actions) of every step the evaluation takes
     real_play = harness.play
 
-    def recording_play(envs, act, num_episodes, seed):
+    def recording_play(envs, act, num_episodes, seed, **stopping):
         def recording_act(obs, *previous):  # previous: the last step's reward and done
             played.append((obs, act(obs, *previous)))
             return played[-1][1]
-        return real_play(envs, recording_act, num_episodes, seed)
+        return real_play(envs, recording_act, num_episodes, seed, **stopping)
 
     monkeypatch.setattr(harness, "play", recording_play)
     capsys.readouterr()
@@ -569,7 +570,7 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
     envs.close()
 
 
-def test_track_logs_to_an_offline_wandb_run_that_resume_continues(tmp_path, monkeypatch):
+def test_track_logs_to_an_offline_wandb_run_that_resume_with_track_continues(tmp_path, monkeypatch):
     wandb = pytest.importorskip("wandb", reason="--track needs wandb, which the GPU kit does not carry")
     import ppo_ewma
 
@@ -591,7 +592,7 @@ def test_track_logs_to_an_offline_wandb_run_that_resume_continues(tmp_path, monk
     monkeypatch.setattr(harness.Run, "after_step", real_after_step)
     (run_dir,) = glob.glob("runs/*__tracked__*")
     run_id = torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["wandb_run_id"]
-    ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False, track=True))  # asked for again
     first, resumed = sorted(glob.glob(f"wandb/offline-run-*-{run_id}"))  # the same W&B run, continued
     for offline_run, needles in ((first, [b"losses/policy_loss", b"global_step", b"CartPole-v1"]),  # flags: config
                                  (resumed, [b"losses/policy_loss", b"global_step"])):  # the scalars, synced

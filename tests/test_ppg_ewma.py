@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import checkpoints
 import harness
 import ppg_ewma
 from ppg_ewma import (
@@ -191,7 +192,7 @@ def test_an_aux_minibatch_that_the_worker_factor_does_not_divide_is_refused(tmp_
 
 def test_a_checkpoint_from_before_adjust_aux_resumes_with_the_aux_phase_it_trained_with():
     args = {k: v for k, v in dataclasses.asdict(Args(batch_divisor=4)).items() if k != "adjust_aux"}
-    resumed = apply_batch_divisor(harness.checkpoint_args({"args": args}, ppg_ewma.SCRIPT))
+    resumed = apply_batch_divisor(checkpoints.checkpoint_args({"args": args}, ppg_ewma.SCRIPT, "--resume"))
     assert (resumed.adjust_aux, resumed.aux_minibatch_size, resumed.aux_learning_rate) == (False, 4096, 5e-4)
 
 
@@ -419,11 +420,11 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     aux_optimizer.step()  # only the auxiliary Adam has state
     models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
     optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
-    checkpoint = harness.make_checkpoint(args, harness.Saved(models, optimizers), envs, torch.zeros(4, 4),
-                                         torch.zeros(4), global_step=128, iteration=2, num_iterations=6,
-                                         episode_returns=[], ewma_weight=1.9)
-    harness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
-    loaded = harness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppg_ewma.SCRIPT)
+    checkpoint = checkpoints.make_checkpoint(args, checkpoints.Saved(models, optimizers), envs, torch.zeros(4, 4),
+                                             torch.zeros(4), global_step=128, iteration=2, num_iterations=6,
+                                             episode_returns=[], ewma_weight=1.9)
+    checkpoints.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
+    loaded = checkpoints.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppg_ewma.SCRIPT)
 
     torch.manual_seed(1)
     fresh = {"policy": ppg_ewma.PolicyNetwork(envs), "value_net": ppg_ewma.ValueNetwork(envs),
@@ -431,7 +432,8 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     params = [*fresh["policy"].parameters(), *fresh["value_net"].parameters()]
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
-    harness.restore_run(loaded, harness.Saved(fresh, fresh_optimizers), envs, torch.ones(4, 4), torch.ones(4))
+    checkpoints.restore_run(loaded, checkpoints.Saved(fresh, fresh_optimizers, keys={"ewma_weight": 1.0}), envs,
+                            torch.ones(4, 4), torch.ones(4), "--resume", 64, 6)
     assert torch.equal(fresh["policy"].get_pi(obs), policy.get_pi(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
     assert torch.equal(fresh["ewma_policy"].get_pi(obs), ewma_policy.get_pi(obs))
@@ -446,7 +448,7 @@ def test_checkpoints_are_written_at_the_first_phase_end_after_every_k_iterations
     # N_pi = 2, 6 iterations, --checkpoint-every 3: phases end at 2, 4, 6; the phase 3-4 reaches 3, 5-6 reaches 6
     monkeypatch.chdir(tmp_path)
     saved = []
-    monkeypatch.setattr(harness, "save_checkpoint",
+    monkeypatch.setattr(checkpoints, "save_checkpoint",
                         lambda path, checkpoint: saved.append((os.path.basename(path), checkpoint["iteration"])))
     ppg_ewma.train(tiny_args(env_id="CartPole-v1", total_timesteps=6 * 128, checkpoint_every=3))
     assert saved == [("checkpoint.pt", 4), ("checkpoint.pt", 6), ("model.pt", 6)]  # the last iteration: both
@@ -464,17 +466,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     config = dict(env_id="CartPole-v1", total_timesteps=6 * 128)
     full = ppg_ewma.train(tiny_args(exp_name="full", **config))
 
-    real_save = harness.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_die_at_iteration_4(path, checkpoint):
         if checkpoint["iteration"] == 4:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_4)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_4)
     with pytest.raises(Killed):
         ppg_ewma.train(tiny_args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
@@ -516,7 +518,7 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
 
 def test_noise_scale_estimates_by_hand():
     # as in ppo_ewma.py: |G|^2 = (8 * 4 - 2 * 10) / 6 = 2, tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 16
-    assert harness.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
+    assert ppg_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
 
 
 def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):

@@ -14,6 +14,7 @@ import torch
 from gymnasium.wrappers.utils import RunningMeanStd
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import checkpoints
 import harness
 import ppo_er
 from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, make_env, ppo_er_loss,
@@ -197,9 +198,9 @@ def test_final_obs_for_the_bootstrap_is_normalized_like_other_obs():
 def test_norm_obs_normalizes_then_clips_to_10(norm_obs):
     envs = make_env(Args(env_id="Pendulum-v1", num_envs=1, norm_obs=norm_obs))
     envs.reset(seed=0)
-    assert ("obs_0" in harness.env_normalizers(envs)) == norm_obs
+    assert ("obs_0" in checkpoints.env_normalizers(envs)) == norm_obs
     if norm_obs:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
-        wrapper, rms = harness.env_normalizers(envs)["obs_0"]
+        wrapper, rms = checkpoints.env_normalizers(envs)["obs_0"]
         wrapper.update_running_mean, rms.mean[:], rms.var[:] = False, 1000.0, 1.0
         obs = envs.step(np.zeros((1, 1), np.float32))[0]
         assert np.array_equal(obs, np.full_like(obs, -10.0))
@@ -322,14 +323,14 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     (agent.get_pi(obs).chunk(2, -1)[0].sum() + agent.get_value(obs).sum()).backward()  # the mean's and V's
     optimizer.step()
     replay = [{"advantages": torch.arange(6.0).reshape(3, 2)}]
-    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
-    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 3), torch.zeros(2), global_step=128,
-                                         iteration=1, num_iterations=4, episode_returns=[-900.0], replay=replay)
+    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
+    checkpoint = checkpoints.make_checkpoint(args, saved, envs, torch.zeros(2, 3), torch.zeros(2), global_step=128,
+                                             iteration=1, num_iterations=4, episode_returns=[-900.0], replay=replay)
     path = str(tmp_path / "checkpoint.pt")
-    harness.save_checkpoint(path, checkpoint)
+    checkpoints.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
 
-    loaded = harness.load_checkpoint(path, "--resume", ppo_er.SCRIPT)
+    loaded = checkpoints.load_checkpoint(path, "--resume", ppo_er.SCRIPT)
     torch.manual_seed(1)
     fresh = ppo_er.Agent(envs)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=3e-4)
@@ -343,9 +344,9 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     assert all(torch.equal(restored_state[i]["exp_avg_sq"], saved_state[i]["exp_avg_sq"]) for i in saved_state)
     assert torch.equal(loaded["replay"][0]["advantages"], replay[0]["advantages"])
     fresh_envs = make_env(args)
-    harness.load_normalizers(fresh_envs, loaded["normalizers"])
-    for name, (_, rms) in harness.env_normalizers(envs).items():
-        restored = harness.env_normalizers(fresh_envs)[name][1]
+    checkpoints.load_normalizers(fresh_envs, loaded["normalizers"])
+    for name, (_, rms) in checkpoints.env_normalizers(envs).items():
+        restored = checkpoints.env_normalizers(fresh_envs)[name][1]
         assert np.array_equal(restored.mean, rms.mean) and np.array_equal(restored.var, rms.var), name
     assert set(loaded["normalizers"]) == {"reward", "obs_0", "obs_1"}
     envs.close()
@@ -354,7 +355,7 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
 
 def test_no_reward_normalization_switch(tmp_path, monkeypatch):
     envs = make_env(Args(env_id="Pendulum-v1", norm_reward=False, num_envs=1))
-    assert set(harness.env_normalizers(envs)) == {"obs_0"}
+    assert set(checkpoints.env_normalizers(envs)) == {"obs_0"}
     # --no-norm-reward hands the raw reward on, not clipped to +-10: Pendulum at theta = pi, theta_dot = 8, torque 0
     # gives -(pi^2 + 0.1 * 8^2 + 0.001 * 0^2) = -(9.8696 + 6.4) = -16.2696
     envs.reset(seed=0)
@@ -375,17 +376,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     config = dict(TINY_PENDULUM, total_timesteps=4 * 128)
     full = train(Args(exp_name="full", **config))
 
-    real_save = harness.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_die_at_iteration_3(path, checkpoint):
         if checkpoint["iteration"] == 3:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         train(Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
     assert len(torch.load(f"{run_dir}/checkpoint.pt")["replay"]) == 2
 

@@ -13,6 +13,7 @@ import torch
 import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import checkpoints
 import harness
 import ppo_ewma
 from ppo_ewma import (
@@ -315,7 +316,7 @@ def test_smoke_cartpole_kl_objective_without_ewma(tmp_path, monkeypatch):
 def test_nan_loss_stops_the_run_with_its_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ppo_ewma, "decoupled_clip_loss", lambda *args, **kwargs: torch.tensor(float("nan")))
-    with pytest.raises(FloatingPointError, match="policy_loss is not finite at iteration 1"):
+    with pytest.raises(SystemExit, match="^policy_loss is not finite at iteration 1: the run stops before this step"):
         ppo_ewma.train(Args(exp_name="nan", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
                             total_timesteps=16, cuda=False))
 
@@ -555,27 +556,28 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     reward_normalizer, adv_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     reward_normalizer(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
     adv_moments.update(torch.tensor([1.0, 3.0]))
-    saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
-                          normalizers={"reward": reward_normalizer, "advantages": adv_moments})
-    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
+    saved = checkpoints.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
+                              normalizers={"reward": reward_normalizer, "advantages": adv_moments})
+    checkpoint = checkpoints.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
                                          iteration=1, num_iterations=4, episode_returns=[], ewma_weight=2.5)
     path = str(tmp_path / "checkpoint.pt")
-    harness.save_checkpoint(path, checkpoint)
+    checkpoints.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]
 
-    loaded = harness.load_checkpoint(path, "--resume", ppo_ewma.SCRIPT)
+    loaded = checkpoints.load_checkpoint(path, "--resume", ppo_ewma.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_ewma = ppo_ewma.Agent(envs), ppo_ewma.Agent(envs)
     assert not torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
-    fresh_saved = harness.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma},
-                                optimizers={"optimizer": fresh_optimizer},
-                                normalizers={"reward": fresh_normalizer, "advantages": fresh_moments})
-    harness.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2))
+    fresh_saved = checkpoints.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma},
+                                    optimizers={"optimizer": fresh_optimizer},
+                                    normalizers={"reward": fresh_normalizer, "advantages": fresh_moments},
+                                    keys={"ewma_weight": 1.0})
+    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 64, 4)[-1]
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
-    assert loaded["ewma_weight"] == 2.5
+    assert keys["ewma_weight"] == 2.5
     # each env's discounted return R: [1, 2] after step 0, then [3 + 0.99 * 1, 4 + 0.99 * 2] = [3.99, 5.98]
     assert fresh_normalizer.returns.tolist() == pytest.approx([3.99, 5.98])
     assert (fresh_normalizer.mean, fresh_normalizer.var, fresh_normalizer.count) == (
@@ -604,17 +606,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch,
     config = dict(TINY_CARTPOLE, total_timesteps=4 * 64, **config)
     full = ppo_ewma.train(Args(exp_name="full", **config))
 
-    real_save = harness.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_die_at_iteration_3(path, checkpoint):
         if checkpoint["iteration"] == 3:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         ppo_ewma.train(Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
@@ -862,7 +864,8 @@ def test_box_actions_reach_the_env_clipped_while_log_probs_use_the_sampled_actio
     agent = ppo_ewma.Agent(envs)
     with torch.no_grad():
         agent.actor_mean[-1].bias.fill_(5.0)
-    actions = act(Args(), envs, {"agent": agent.state_dict()}, torch.device("cpu"))(envs.reset(seed=0)[0])
+    load = lambda module, name: module.load_state_dict(agent.state_dict())  # noqa: E731
+    actions = act(Args(), envs, load, torch.device("cpu"))(envs.reset(seed=0)[0])
     assert actions.shape == (1, 1) and actions.max() <= 2.0
     envs.close()
 
@@ -883,7 +886,7 @@ def test_decoupled_clip_loss_stays_finite_where_r_alone_would_overflow():
 def test_noise_scale_estimates_by_hand():
     # |G_small|^2 = 10 at B_small = 2, |G_big|^2 = 4 at B_big = 8:
     # |G|^2 = (8 * 4 - 2 * 10) / (8 - 2) = 12 / 6 = 2; tr(Sigma) = (10 - 4) / (1/2 - 1/8) = 6 / 0.375 = 16; B = 8
-    assert harness.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
+    assert ppo_ewma.noise_scale_estimates(10.0, 2, 4.0, 8) == pytest.approx((2.0, 16.0))
 
 
 def test_noise_scale_recovers_b_simple_of_a_linear_regression():
@@ -895,7 +898,7 @@ def test_noise_scale_recovers_b_simple_of_a_linear_regression():
     d, minibatch, num_minibatches = 10, 8, 8
     model = torch.nn.Module()
     model.w = w = torch.nn.Parameter(torch.zeros(d))
-    delta, noise_scale = torch.zeros(d), harness.GradientNoiseScale(decay=1.0)  # decay 1: a plain average
+    delta, noise_scale = torch.zeros(d), ppo_ewma.GradientNoiseScale(decay=1.0)  # decay 1: a plain average
     delta[0] = 1.0
     for _ in range(1000):  # iterations of one epoch each
         for _ in range(num_minibatches):

@@ -10,6 +10,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import checkpoints
 import harness
 import ppo_staleness
 from ppo_staleness import Args, StaleQueue, decoupled_clip_loss, queue_bytes, select_logps, train
@@ -244,17 +245,17 @@ class Killed(Exception):
 def killed_then_resumed(monkeypatch, args, die_at):
     """Run `args` with a checkpoint every iteration, die while writing the one of iteration `die_at`
     (after logging it), resume from the one before: (the resumed run's result, its run directory)."""
-    real_save = harness.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_die(path, checkpoint):
         if checkpoint["iteration"] == die_at:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
         train(dataclasses.replace(args, checkpoint_every=1))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
     (run_dir,) = glob.glob(f"runs/*__{args.exp_name}_*")
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
     return train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False)), run_dir
@@ -290,22 +291,24 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
     reward_normalizer = ppo_staleness.RewardNormalizer(2, 0.99)
     reward_normalizer(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2))
-    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
-                          normalizers={"reward": reward_normalizer})
-    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
-                                         iteration=3, num_iterations=6, episode_returns=[], queued=2, trained_steps=64)
-    harness.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
-    loaded = harness.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppo_staleness.SCRIPT)
+    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+                              normalizers={"reward": reward_normalizer})
+    checkpoint = checkpoints.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=96,
+                                             iteration=3, num_iterations=6, episode_returns=[], queued=2,
+                                             trained_steps=64)
+    checkpoints.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
+    loaded = checkpoints.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppo_staleness.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_normalizer = ppo_staleness.Agent(envs), ppo_staleness.RewardNormalizer(2, 0.99)
-    harness.restore_run(loaded, harness.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters())},
-                                              {"reward": fresh_normalizer}), envs, torch.ones(2, 4), torch.ones(2))
+    fresh_saved = checkpoints.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters(), lr=5e-4)},
+                                    {"reward": fresh_normalizer}, keys={"queued": 0, "trained_steps": 0})
+    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 32, 8)[-1]
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]
     assert fresh_normalizer.returns.tolist() == pytest.approx([1.99, 1.0])
     assert (fresh_normalizer.mean, fresh_normalizer.var) == (reward_normalizer.mean, reward_normalizer.var)
-    assert (loaded["queued"], loaded["trained_steps"], loaded["num_iterations"]) == (2, 64, 6)
+    assert (keys["queued"], keys["trained_steps"], loaded["num_iterations"]) == (2, 64, 6)
     envs.close()
 
 

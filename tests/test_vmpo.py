@@ -15,6 +15,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import checkpoints
 import harness
 import vmpo
 
@@ -506,14 +507,14 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     agent.get_pi(torch.ones(3, 4)).sum().add(eta).backward()
     optimizer.step()  # Adam now has moments and a step count
     next_obs, next_done = torch.zeros(2, 4), torch.zeros(2)
-    saved = harness.Saved(models={"agent": agent, "multipliers": multipliers}, optimizers={"optimizer": optimizer})
-    checkpoint = harness.make_checkpoint(args, saved, envs, next_obs, next_done, global_step=64, iteration=1,
-                                         num_iterations=4, episode_returns=[10.0, 12.0])
+    saved = checkpoints.Saved(models={"agent": agent, "multipliers": multipliers}, optimizers={"optimizer": optimizer})
+    checkpoint = checkpoints.make_checkpoint(args, saved, envs, next_obs, next_done, global_step=64, iteration=1,
+                                             num_iterations=4, episode_returns=[10.0, 12.0])
     path = str(tmp_path / "checkpoint.pt")
-    harness.save_checkpoint(path, checkpoint)
+    checkpoints.save_checkpoint(path, checkpoint)
     assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
 
-    loaded = harness.load_checkpoint(path, "--resume", vmpo.SCRIPT)
+    loaded = checkpoints.load_checkpoint(path, "--resume", vmpo.SCRIPT)
     torch.manual_seed(1)  # different initial weights
     fresh = vmpo.Agent(envs)
     fresh_multipliers = torch.nn.ParameterDict({"eta": torch.nn.Parameter(torch.tensor(1.0)),
@@ -542,9 +543,9 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
 def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id=env_id, num_envs=1, norm_obs=norm_obs, cuda=False)))
     first, _ = envs.reset(seed=0)
-    assert ("obs_0" in harness.env_normalizers(envs)) == normalized
+    assert ("obs_0" in checkpoints.env_normalizers(envs)) == normalized
     if normalized:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
-        wrapper, rms = harness.env_normalizers(envs)["obs_0"]
+        wrapper, rms = checkpoints.env_normalizers(envs)["obs_0"]
         wrapper.update_running_mean, rms.mean[:], rms.var[:] = False, 1000.0, 1.0
         obs = envs.step(envs.action_space.sample())[0]
         assert np.array_equal(obs, np.full_like(obs, -10.0))
@@ -553,7 +554,7 @@ def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
 
 def test_no_norm_reward_hands_the_raw_reward_on():
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Pendulum-v1", norm_reward=False, num_envs=1)))
-    assert set(harness.env_normalizers(envs)) == {"obs_0"}
+    assert set(checkpoints.env_normalizers(envs)) == {"obs_0"}
     # not clipped to +-10: Pendulum at theta = pi, theta_dot = 8, torque 0 gives -(pi^2 + 0.1 * 8^2 + 0.001 * 0^2)
     # = -(9.8696 + 6.4) = -16.2696
     envs.reset(seed=0)
@@ -604,33 +605,33 @@ def test_observation_and_reward_statistics_round_trip_and_freeze():
     envs.reset(seed=0)
     for _ in range(50):
         envs.step(np.full((2, 1), 0.5, np.float32))
-    saved = harness.make_checkpoint(args, harness.Saved({}, {}), envs, None, None)["normalizers"]
+    saved = checkpoints.make_checkpoint(args, checkpoints.Saved({}, {}), envs, None, None)["normalizers"]
     assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
     fresh = vmpo.make_env(args)
-    harness.load_normalizers(fresh, saved, freeze=True)
-    for name, (wrapper, rms) in harness.env_normalizers(fresh).items():
+    checkpoints.load_normalizers(fresh, saved, freeze=True)
+    for name, (wrapper, rms) in checkpoints.env_normalizers(fresh).items():
         assert np.array_equal(rms.mean, saved[name]["mean"].numpy()) and rms.count == saved[name]["count"]
         assert not wrapper.update_running_mean  # frozen for evaluation
     fresh.reset(seed=1)
     fresh.step(np.zeros((2, 1), np.float32))
-    assert harness.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
+    assert checkpoints.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
     envs.close()
     fresh.close()
 
 
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path):
     path = str(tmp_path / "checkpoint.pt")
-    harness.save_checkpoint(path, {"iteration": 1})
+    checkpoints.save_checkpoint(path, {"iteration": 1})
 
     def torn_save(obj, file):
         file.write(b"half a checkpoint")
         raise OSError("disk full")
 
     monkeypatch.setattr(vmpo.torch, "save", torn_save)
-    with pytest.raises(OSError):
-        harness.save_checkpoint(path, {"iteration": 2})
+    with pytest.raises(SystemExit, match=r"checkpoint\.pt could not be written \(disk full\); the one before is kept\.$"):
+        checkpoints.save_checkpoint(path, {"iteration": 2})
     monkeypatch.undo()
-    assert torch.load(path)["iteration"] == 1
+    assert torch.load(path)["iteration"] == 1 and os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary removed
 
 
 class Killed(Exception):
@@ -652,17 +653,17 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
     config["total_timesteps"] = 4 * 2 * config["num_steps"]
     full = vmpo.train(vmpo.Args(exp_name="full", **config))
 
-    real_save = harness.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_die_at_iteration_3(path, checkpoint):
         if checkpoint["iteration"] == 3:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         vmpo.train(vmpo.Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
     checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
     assert checkpoint["iteration"] == 2 and ("memory" in checkpoint) == lstm
@@ -691,18 +692,18 @@ def test_resume_takes_only_cuda_from_the_command_line(monkeypatch, tmp_path):
 def test_resume_procgen_restarts_its_envs_fresh_and_says_so(monkeypatch, tmp_path, capsys):
     pytest.importorskip("procgen")
     monkeypatch.chdir(tmp_path)
-    real_save = harness.save_checkpoint
+    real_save = checkpoints.save_checkpoint
 
     def save_then_die_at_iteration_2(path, checkpoint):
         if checkpoint["iteration"] == 2:
             raise Killed
         real_save(path, checkpoint)
 
-    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_2)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_2)
     with pytest.raises(Killed):
         vmpo.train(vmpo.Args(env_id="starpilot", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=32,
                              checkpoint_every=1, cuda=False))
-    monkeypatch.setattr(harness, "save_checkpoint", real_save)
+    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/starpilot__*")
     checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
     assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] == {  # Procgen's C++ envs are not data
