@@ -3,8 +3,9 @@
     python benchmark/figures.py        # writes docs/img/algo_*.png
 
 algo_ppo_ewma.png       how much theta_prox puts on the parameters of each past gradient step, at centre of mass 8
-                        (the paper's) and 32 (--batch-divisor 4), and where pi, pi_prox and pi_behav sit on that axis:
-                        ppo_ewma.update_ewma run on one-hot parameters, com_to_decay, apply_batch_divisor, Args
+                        (the paper's, for discrete actions) and 32 (--batch-divisor 4), where pi, pi_prox and pi_behav
+                        sit on that axis, and what each does in the loss: ppo_ewma.update_ewma run on one-hot
+                        parameters, com_to_decay, apply_batch_divisor, Args
 algo_ppg_ewma.png       PPG's policy phase of N_pi iterations and its auxiliary phase on a timeline, with PPG-EWMA's
                         reset of theta_prox at each phase's start: ppg_ewma.Args defaults
 algo_ppo_staleness.png  which rollout each iteration collects and which it trains on at staleness k = 2, and which
@@ -97,8 +98,8 @@ def figure_ppo_ewma():
     ax.bar(ages[:shown + 1], weights[long][:shown + 1], width=0.85, color=LIGHT, edgecolor=MID, lw=0.4,
            label=f"centre of mass {long:g} (--batch-divisor 4), decay {ppo_ewma.com_to_decay(long):.3f}")
     markerline, stemlines, _ = ax.stem(ages[:shown + 1], weights[short][:shown + 1], linefmt="k-", markerfmt="ko",
-                                       basefmt=" ", label=f"centre of mass {short:g} (default), "
-                                                          f"decay {ppo_ewma.com_to_decay(short):.3f}")
+                                       basefmt=" ", label=f"centre of mass {short:g} (discrete actions' "
+                                                          f"default), decay {ppo_ewma.com_to_decay(short):.3f}")
     markerline.set_markersize(3.5)
     stemlines.set_linewidth(1.0)
 
@@ -106,16 +107,17 @@ def figure_ppo_ewma():
     for com, style in ((short, "-"), (long, "--")):
         ax.axvline(com, ymax=0.68 if com == short else 0.8, color="0.2", ls=style, lw=0.9)
         ax.text(com + 0.7, 0.078, f"centre of mass {com:g}\n(measured {measured[com]:.2f})", fontsize=9)
-    ax.text(1.0, newest, f"\u2190 π: the current θ, weight 1/(com+1) = {newest:.3f} at com {short:g}", fontsize=9,
-            va="center")
+    ax.text(1.0, newest, f"\u2190 π: the current θ, weight 1/(com+1) = {newest:.3f}", fontsize=9, va="center")
     ax.axvline(steps_per_iteration, color=ACCENT, ls=":", lw=1.6)
     ax.text(steps_per_iteration + 0.7, 0.14,
             f"π_behav: the θ that collected the rollout: 0 steps ago as the update starts,\n"
             f"{steps_per_iteration} at its end (E = {args.update_epochs} epochs × "
             f"M = {args.num_minibatches} minibatches)",
             fontsize=9, color=ACCENT, va="center")
-    ax.text(0.99, 0.33, "π_prox: the policy of θ_prox = Σ_k weight_k · θ(k steps ago)\n"
-            "the weights sum to 1 (bias correction: w starts at 1)",
+    ax.text(0.99, 0.3, "the loss: -(π_prox / π_behav) · min(r A, clip(r, 1 - ε, 1 + ε) A),  r = π / π_prox\n"
+            "π carries the gradient, π_prox clips, π_behav importance-samples\n"
+            "π_prox: the policy of θ_prox = Σ_k weight_k · θ(k steps ago), the weights\n"
+            "summing to 1 (bias correction: w starts at 1); Box actions: com 3 × E × M",
             transform=ax.transAxes, ha="right", va="center", multialignment="left", fontsize=9,
             bbox=dict(boxstyle="round,pad=0.3", fc="white", ec="0.5"))
 
@@ -124,7 +126,7 @@ def figure_ppo_ewma():
     ax.set_xlabel(f"gradient steps ago (0 = the current parameters); steady state, after {num_steps} steps")
     ax.set_ylabel("weight of that step's θ in θ_prox")
     ax.set_title("PPO-EWMA: the proximal policy is an EWMA of past parameters (update_ewma)")
-    ax.legend(loc="center right", bbox_to_anchor=(1.0, 0.62), fontsize=9, frameon=False)
+    ax.legend(loc="center right", bbox_to_anchor=(1.0, 0.73), fontsize=9, frameon=False)
     fig.tight_layout()
     save(fig, "algo_ppo_ewma.png")
 
@@ -234,7 +236,7 @@ def figure_ppo_staleness():
         prox_logp, is_logp = ppo_staleness.select_logps(objective, torch.tensor([1.0]), torch.tensor([2.0]))
         rows.append([f"{objective}\n(Fig. {panel})", names[prox_logp.item()], names[is_logp.item()]])
     table_ax.axis("off")
-    headers = ["--objective", "clips with\n(π_prox)", "importance-\nsamples with"]
+    headers = ["--objective", "clips with", "importance-\nsamples with"]
     table = table_ax.table(cellText=rows, colLabels=headers, loc="center", cellLoc="center", bbox=[0.0, 0.2, 1.0, 0.65])
     table.auto_set_font_size(False)
     table.set_fontsize(9)
@@ -244,7 +246,7 @@ def figure_ppo_staleness():
             cell.set_facecolor(LIGHT)
         elif rows[row - 1][col] == "π_recent" and col > 0:
             cell.get_text().set_fontweight("bold")
-    table_ax.set_title("select_logps: the roles", fontsize=11)
+    table_ax.set_title("Fig. 1's three objectives", fontsize=11)
     table_ax.text(0.5, 0.08, "decoupled: clipped near the recent policy,\nyet unbiased (IS against π_behav)",
                   ha="center", va="center", fontsize=9, transform=table_ax.transAxes)
     fig.tight_layout()
