@@ -1,10 +1,12 @@
-"""What bfloat16 autocast gives on this machine (docs/speed.md): the IMPALA CNN's forward and backward on 512 Procgen
-frames (an update minibatch's share on the CPU), its no-grad forward on 64 frames (one acting step of the main job),
-and a 64-64 tanh MLP's forward and backward on 64 samples (a MuJoCo minibatch), each in float32 and under
-torch.autocast(bfloat16), alternately; prints the medians and float32 / bfloat16. Time nothing else meanwhile.
+"""What bfloat16 gives on this machine (docs/speed.md): the IMPALA CNN's forward and backward on 512 Procgen frames
+(an update minibatch's share on the CPU), its no-grad forward on 64 frames (one acting step of the main job), and a
+64-64 tanh MLP's forward and backward on 64 samples (a MuJoCo minibatch), each in float32 and in bfloat16,
+alternately; prints the medians and float32 / bfloat16. The CNN runs as --bf16 runs it: ppo_ewma.Agent(bf16=True),
+whose ImpalaCNN opens its own autocast (an outer autocast would not reach inside it). Time nothing else meanwhile.
 
     python benchmark/bf16.py                          # this CPU as it is
-    DNNL_MAX_CPU_ISA=AVX2 python benchmark/bf16.py    # as a CPU without bfloat16 instructions (oneDNN's AVX2)
+    DNNL_MAX_CPU_ISA=AVX512_CORE python benchmark/bf16.py  # as an AVX-512 CPU without bfloat16 instructions
+    DNNL_MAX_CPU_ISA=AVX2 python benchmark/bf16.py    # as an AVX2 CPU
     python benchmark/bf16.py --device cuda            # the GPU
 """
 import argparse
@@ -35,6 +37,36 @@ def seconds(work, repeats):
     return statistics.median(times)
 
 
+def workloads(device, num_frames):
+    """{name: work(bf16)}: each runs its pass in float32 or bfloat16 as the scripts do. The two CNNs share their
+    weights, so both columns compute the same network."""
+    torch.manual_seed(0)
+    cnns = {bf16: ppo_ewma.Agent(ProcgenLike(), bf16=bf16).to(device) for bf16 in (False, True)}
+    cnns[True].load_state_dict(cnns[False].state_dict())
+    frames = torch.randint(0, 256, (num_frames, 64, 64, 3), dtype=torch.uint8, device=device)
+    mlp = ppo_ewma.mlp(11, 1, out_std=1.0).to(device)
+    samples = torch.randn(64, 11, device=device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+
+    def update(bf16):
+        pi, value = cnns[bf16](frames)
+        (pi.logsumexp(-1).mean() + value.square().mean()).backward()
+        sync()
+
+    def act(bf16):
+        with torch.no_grad():
+            cnns[bf16](frames[:64])
+        sync()
+
+    def mlp_update(bf16):  # the MLP has no autocast of its own (--bf16 is refused for it): this one's is outer
+        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
+            out = mlp(samples).float()
+        out.square().mean().backward()
+        sync()
+    return {f"IMPALA CNN forward + backward, {num_frames} frames": update, "IMPALA CNN acting, 64 frames": act,
+            "64-64 MLP forward + backward, 64 samples": mlp_update}, cnns
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeats", type=int, default=5)
@@ -42,39 +74,14 @@ def main():
     parser.add_argument("--device", default="cpu")
     cli = parser.parse_args()
     torch.set_num_threads(cli.threads)
-    torch.manual_seed(0)
     device = torch.device(cli.device)
-    cnn = ppo_ewma.Agent(ProcgenLike()).to(device)
-    frames = torch.randint(0, 256, (512 if device.type == "cpu" else 2048, 64, 64, 3), dtype=torch.uint8, device=device)
-    mlp = ppo_ewma.mlp(11, 1, out_std=1.0).to(device)
-    samples = torch.randn(64, 11, device=device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-
-    def update(bf16):
-        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-            pi, value = cnn(frames)
-        (pi.float().logsumexp(-1).mean() + value.float().square().mean()).backward()
-        sync()
-
-    def act(bf16):
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-            cnn(frames[:64])
-        sync()
-
-    def mlp_update(bf16):
-        with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
-            out = mlp(samples).float()
-        out.square().mean().backward()
-        sync()
-
+    works, _ = workloads(device, 512 if device.type == "cpu" else 2048)
     machine = torch.cuda.get_device_name() if device.type == "cuda" else \
         open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].splitlines()[0].strip()
     flags = [flag for flag in open("/proc/cpuinfo").read().split() if flag in ("avx512_bf16", "amx_bf16")]
     print(f"{machine}; CPU flags {' '.join(sorted(set(flags))) or 'without bfloat16'}; DNNL_MAX_CPU_ISA="
           f"{os.environ.get('DNNL_MAX_CPU_ISA', 'unset')}; {cli.threads} threads, median of {cli.repeats}")
-    for name, work in ((f"IMPALA CNN forward + backward, {len(frames)} frames", update),
-                       ("IMPALA CNN acting, 64 frames", act),
-                       ("64-64 MLP forward + backward, 64 samples", mlp_update)):
+    for name, work in works.items():
         float32 = bf16 = None
         for _ in range(2):  # alternately, twice: each takes the better of its two medians
             t32, t16 = seconds(lambda: work(False), cli.repeats), seconds(lambda: work(True), cli.repeats)

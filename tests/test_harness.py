@@ -626,3 +626,17 @@ if __name__ == "__main__":  # --log PATH: every run's scalars into PATH; --recor
         with open(FIXTURE, "w") as file:
             json.dump(fixture, file, indent=0, sort_keys=True)
         print(f"wrote {', '.join(names)} into {FIXTURE}: levels {', '.join(levels)}")
+
+
+def test_capture_video_films_env_0_in_training_and_every_episode_of_an_evaluation(tmp_path, monkeypatch):
+    import ppo_ewma
+
+    monkeypatch.chdir(tmp_path)
+    result = ppo_ewma.train(ppo_ewma.Args(**CARTPOLE, total_timesteps=256, capture_video=True, exp_name="filmed"))
+    # env 0's episodes 0 and 1 in its 64 steps (k^3: the next one filmed would be its 8th)
+    assert sorted(os.listdir(f"{result['run_dir']}/videos")) == [f"rl-video-episode-{k}.mp4" for k in (0, 1)]
+    assert torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["iteration"] == 2  # the video is not state
+    evaluated = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=f"{result['run_dir']}/model.pt", eval_episodes=2,
+                                             capture_video=True))
+    assert sorted(os.listdir(f"{evaluated['run_dir']}/videos")) == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]
+    assert all(os.path.getsize(path) > 1000 for path in glob.glob(f"{evaluated['run_dir']}/videos/*.mp4"))

@@ -502,6 +502,27 @@ def test_bf16_runs_the_cnn_in_bfloat16_and_keeps_losses_gradients_and_weights_fl
     assert all(errors[name] < 0.05 for name in errors if not name.startswith("torso"))  # the heads run in float32
 
 
+def test_the_bf16_benchmark_times_bfloat16_convolutions_and_float32_ones():
+    # benchmark/bf16.py once timed float32 twice: its outer autocast did not reach inside ImpalaCNN, which opens its
+    # own (enabled=False). Each column's convolutions are recorded here as the benchmark runs them
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmark"))
+    import bf16 as benchmark
+    works, cnns = benchmark.workloads(torch.device("cpu"), num_frames=8)
+    dtypes = []
+    for cnn in cnns.values():
+        for module in cnn.modules():
+            if isinstance(module, (nn.Conv2d, nn.Linear)):
+                module.register_forward_hook(lambda module, inputs, output: dtypes.append(output.dtype))
+    for name, work in works.items():
+        if name.startswith("IMPALA"):
+            for bf16 in (False, True):
+                dtypes.clear()
+                work(bf16)
+                convolutions = dtypes[:-2]  # the last two: the float32 policy and value heads, outside the CNN
+                assert len(convolutions) == 16 and set(convolutions) == {torch.bfloat16 if bf16 else torch.float32}
+                assert dtypes[-2:] == [torch.float32] * 2
+
+
 def test_bf16_is_refused_for_vector_observations(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match=r"^--bf16 runs the IMPALA CNN of image observations in bfloat16; --env-id "
