@@ -39,7 +39,10 @@ PICKLE_LIMIT = 64 * 2**20  # bytes of Python objects a checkpoint's pickle may b
 PICKLE_OBJECT_BYTES = 256  # the most one pickle opcode builds (a dict, a list, a number), besides its payload
 KEYS = {"args": dict, "models": dict, "optimizers": dict, "normalizers": dict, "rng": dict, "env": dict,
         "global_step": int, "iteration": int, "num_iterations": int, "episode_returns": list}  # every checkpoint's
-OPTIONAL_KEYS = {"script": str, "wandb_run_id": str}  # older checkpoints lack "script"; W&B runs only
+OPTIONAL_KEYS = {"script": str, "wandb_run_id": str, "workers": list}  # older checkpoints lack "script"; W&B runs
+# only; torchrun: workers 1 to W - 1's own parts (worker_part)
+SHARED_KEYS = ("args", "models", "optimizers", "global_step", "iteration", "num_iterations", "episode_returns",
+               "script", "wandb_run_id")  # the same on every torchrun worker: the rest is each worker's own
 # Values the flags set (a discount, a clip, a time limit, the number of envs): restored only where they equal the
 # rebuilt run's own
 SETTINGS = {"gamma", "clip", "decay", "epsilon", "_max_episode_steps", "num_envs", "copy", "observation_mode",
@@ -121,6 +124,22 @@ def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> di
         "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
         **keys,
     }
+
+
+def worker_part(checkpoint: dict) -> dict:
+    """What a torchrun worker's checkpoint holds of its own (its envs, random state, statistics and the script's
+    keys), on the CPU: rank 0's file keeps each other worker's under "workers"."""
+    return {key: copied(value) for key, value in checkpoint.items() if key not in SHARED_KEYS}
+
+
+def worker_view(checkpoint: dict, rank: int, source: str) -> dict:
+    """The checkpoint as worker `rank` resumes it: the shared keys, and its own part."""
+    if rank == 0:
+        return {key: value for key, value in checkpoint.items() if key != "workers"}
+    part = checkpoint["workers"][rank - 1]
+    if not (isinstance(part, dict) and all(isinstance(key, str) and key not in SHARED_KEYS for key in part)):
+        raise SystemExit(f"{source}: its part of worker {rank} is not one a run writes: it is not this run's.")
+    return {**{key: checkpoint[key] for key in SHARED_KEYS if key in checkpoint}, **part}
 
 
 # ------------------------------------------------------------------------------------------------------- reading
@@ -218,11 +237,11 @@ def checkpoint_args(checkpoint, script, source: str):
 def restored(data, like):
     """`data` read from a checkpoint, checked to hold what the rebuilt run holds in its place, `like`: a tensor (not a
     subclass such as a Parameter) of like's dtype and shape, on the CPU, strided, finite where like is (an array: as a
-    tensor); a number of like's type (None: any finite number, or None), finite where like is; a str equal to like's; a list
-    or tuple of like's length and a dict of like's keys, item by item, its settings (SETTINGS) equal to like's and its
-    statistics (NONNEGATIVE) not negative; a deque as a list of at most its maxlen items, each like its first. Tensors
-    come back unread (mapped from the file: copied() copies them, without any gradient flag); nothing is walked
-    deeper than like. ValueError says what does not fit."""
+    tensor); a number of like's type (None: any finite number, or None), finite where like is; a str equal to like's;
+    a list or tuple of like's length and a dict of like's keys, item by item, its settings (SETTINGS) equal to like's
+    and its statistics (NONNEGATIVE) not negative; a deque as a list of at most its maxlen items, each like its first.
+    Tensors come back unread (mapped from the file: copied() copies them, without any gradient flag); nothing is
+    walked deeper than like. ValueError says what does not fit."""
     if isinstance(like, np.random.Generator):  # its bit generator's state dict; NumPy checks the values
         generator = np.random.Generator(type(like.bit_generator)())
         try:
@@ -253,7 +272,8 @@ def restored(data, like):
             data = restored(data, torch.zeros((), dtype=data.dtype)).numpy()[()]
         python = {bool: (bool,), int: (int,), float: (float, int), type(None): (bool, int, float)}[type(like)]
         if not (type(data) in python or isinstance(data, np.generic) and data.dtype.kind in kind):
-            raise ValueError(f"is a {type(data).__name__}, not {'a number' if like is None else 'a ' + type(like).__name__}")
+            expected = "a number" if like is None else f"a {type(like).__name__}"
+            raise ValueError(f"is a {type(data).__name__}, not {expected}")
         finite = like is None or type(like) is float and math.isfinite(like)  # where the run's own value is
         if finite and not math.isfinite(float(data) if abs(data) < 2**1000 else math.inf):
             raise ValueError("is nan or inf")
@@ -533,8 +553,8 @@ def apply_normalizers(envs, states: dict, freeze: bool = False) -> None:
     """Put checked statistics into the env stack's normalizers; `freeze` stops them from updating (evaluation)."""
     for name, (wrapper, rms) in env_normalizers(envs).items():
         if name in states:
-            rms.mean, rms.var, rms.count = (np.array(states[name]["mean"].numpy()), np.array(states[name]["var"].numpy()),
-                                            states[name]["count"])
+            mean, var, count = states[name]["mean"], states[name]["var"], states[name]["count"]
+            rms.mean, rms.var, rms.count = np.array(mean.numpy()), np.array(var.numpy()), count
         wrapper.update_running_mean = not freeze
 
 

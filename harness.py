@@ -298,6 +298,13 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     device. args: the hyperparameters the run trains with (num_envs: the total over all workers); flags: run_flags'
     flags they were made from, which checkpoints keep (default: args). Then run.open(envs)."""
     flags = args if flags is None else flags
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's; before the workers join
+    if checkpoint is not None:  # a checkpoint holds the envs, RNG and statistics of as many workers as wrote it
+        written_by = 1 + len(checkpoint.get("workers", []))
+        if written_by != world_size:
+            how = f"torchrun --nproc_per_node {written_by}" if written_by > 1 else "python, in one process"
+            raise SystemExit(f"--resume {args.resume}: its checkpoint holds the envs of {plural(written_by, 'worker')}"
+                             f", not {world_size}: resume it with {how}.")
     rank, world_size = start_workers(args, flags, script)
     check_args(args, script)
     run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # this worker's envs and seed
@@ -347,10 +354,10 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
 
 
-def saves_note(args, world_size: int) -> str:
+def saves_note(args) -> str:
     every = args.checkpoint_every
-    if world_size > 1 or every == 0:
-        checkpoints = "no checkpoint.pt" + (" (torchrun)" if world_size > 1 and every is None else "")
+    if every == 0:
+        checkpoints = "no checkpoint.pt"
     else:
         cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
         checkpoints = f"checkpoint.pt {cadence} and at the end"
@@ -371,7 +378,7 @@ class Run:
         self.envs, self.run_dir, self.writer, self.lock = None, None, NoWriter(), None
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
         self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
-        self.checkpoints = world_size == 1 and command_args.checkpoint_every != 0
+        self.checkpoints = command_args.checkpoint_every != 0
         self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
         self.wandb_run_id, self.keys = None, {}  # --track: the W&B run's id; the script's restored checkpoint keys
         self.render_mode = "rgb_array" if args.capture_video else None  # make_env's: --capture-video films env 0
@@ -408,7 +415,7 @@ class Run:
         if self.rank == 0:  # torchrun: only rank 0 logs
             self.writer = open_writer(self.run_dir, args, checkpoint)
         print_startup(script, args.env_id, self.device_note, self.run_dir,
-                      dict(lines, saves=saves_note(flags, self.world_size)))
+                      dict(lines, saves=saves_note(flags)))
         suggest_recipe(self.hyperparameters, script)
         before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
         changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
@@ -430,10 +437,11 @@ class Run:
         self.saved, global_step, first_iteration = saved, 0, 1
         if self.checkpoint is not None:
             batch_size = self.world_size * self.args.num_envs * self.args.num_steps
+            source = f"--resume {self.command_args.resume}"
             try:
                 global_step, first_iteration, next_obs, next_done, returns, self.keys = checkpoints.restore_run(
-                    self.checkpoint, saved, self.envs, next_obs, next_done, f"--resume {self.command_args.resume}",
-                    batch_size, self.num_iterations)
+                    checkpoints.worker_view(self.checkpoint, self.rank, source), saved, self.envs, next_obs,
+                    next_done, source, batch_size, self.num_iterations)
             except SystemExit:  # refused: nothing was trained, so let go of what open() took, the lock included
                 self.release()
                 raise
@@ -495,6 +503,7 @@ class Run:
         due = iteration == self.num_iterations or stop or (
             iteration // every > last // every if every else
             time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES)
+        due = any_worker(due)  # torchrun: each worker's clock is its own; all write the checkpoint together
         if self.checkpoints and due:
             self.save("checkpoint.pt", iteration, global_step, next_obs, next_done, **extra)
             self.last_checkpoint_time = time.monotonic()
@@ -522,19 +531,27 @@ class Run:
         return returns
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
+        """Write a checkpoint into the run directory. torchrun: every worker calls it; rank 0 writes one file that
+        holds every worker's envs, random state and statistics (under "workers", rank 1 on)."""
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
-        checkpoints.save_checkpoint(os.path.join(self.run_dir, file_name), checkpoints.make_checkpoint(
+        checkpoint = checkpoints.make_checkpoint(
             self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
             iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
-            script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra))
+            script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra)
+        if dist.is_initialized():
+            parts = [None] * self.world_size if self.rank == 0 else None
+            dist.gather_object(checkpoints.worker_part(checkpoint), parts, dst=0)
+            if self.rank != 0:
+                return
+            checkpoint["workers"] = parts[1:]
+        checkpoints.save_checkpoint(os.path.join(self.run_dir, file_name), checkpoint)
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
         """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
-        saved = self.command_args.save_model and self.rank == 0
-        if saved:
+        if self.command_args.save_model:  # torchrun: every worker's part, rank 0 writes
             self.save("model.pt", iteration, global_step, next_obs, next_done, **extra)
         self.close(global_step)
-        if saved:
+        if self.command_args.save_model and self.rank == 0:
             path = os.path.join(self.run_dir, "model.pt")
             print(f"saved {path}; play it: python {self.script.name} --eval-checkpoint {shlex.quote(path)}")
         mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
@@ -584,21 +601,23 @@ class Run:
         print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
               f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.pt" if self.checkpoints else ""))
         if self.checkpoints:
-            print(f"resume: {resume_command(self.script, self.command_args, f'{self.run_dir}/checkpoint.pt')}")
+            path = f"{self.run_dir}/checkpoint.pt"
+            print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}")
         else:
-            print("no checkpoint was written (--checkpoint-every 0 or torchrun), so this run cannot be resumed")
+            print("no checkpoint was written (--checkpoint-every 0), so this run cannot be resumed")
         raise SystemExit(128 + signum)
 
 
-def resume_command(script: Script, args, path: str) -> str:
-    """The command that continues a run from `path` with the same output flags."""
+def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
+    """The command that continues a run from `path` with the same output flags (and as many torchrun workers)."""
     defaults, flags = script.args_type(), [f"--resume {shlex.quote(path)}"]
     for name in OUTPUT_FLAGS:
         value = getattr(args, name)
         if value != getattr(defaults, name):
             dashed = name.replace("_", "-")
             flags.append(f"--{'' if value else 'no-'}{dashed}" if isinstance(value, bool) else f"--{dashed} {value}")
-    return f"python {script.name} " + " ".join(flags)
+    return (f"torchrun --nproc_per_node {world_size}" if world_size > 1 else "python") + f" {script.name} " + \
+        " ".join(flags)
 
 
 # ----------------------------------------------------------------------------- resume: flags and run directory
@@ -634,7 +653,7 @@ def resume_from(args, script: Script) -> tuple:
         if not args.save_model:
             raise SystemExit(f"{done}; there is nothing to continue.")
         model_path = os.path.join(run_dir, "model.pt")
-        if not os.path.exists(model_path):  # the last checkpoint is the final model
+        if not os.path.exists(model_path) and os.environ.get("RANK", "0") == "0":  # the last checkpoint is the final
             with open(args.resume, "rb") as original:
                 checkpoints.write_file(model_path, lambda file: shutil.copyfileobj(original, file))
         print(f"{done}; its final model is {model_path}.")
@@ -1193,9 +1212,6 @@ def start_workers(args, flags, script: Script) -> tuple:
                              f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
         torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
     check_args(args, script)  # a bad flag is named as in a single process
-    if args.resume is not None or args.checkpoint_every:
-        raise SystemExit("--resume and --checkpoint-every work in a single process only: a checkpoint holds the "
-                         "envs, reward normalizer and random state of one worker, not the others'.")
     num_envs = args.num_envs
     total = f"--num-envs {flags.num_envs}" + (f", adjusted to {num_envs}," if num_envs != flags.num_envs else "")
     if num_envs % world_size != 0:
@@ -1235,6 +1251,20 @@ def average_gradients(*modules) -> None:
         flat /= dist.get_world_size()
         for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
             grad.copy_(mean.view_as(grad))
+
+
+def any_worker(flag: bool) -> bool:
+    """Whether flag holds on any worker (one all-reduce), so that all take the same decision. One process: flag."""
+    if not dist.is_initialized():
+        return flag
+    value = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value)
+
+
+def own_part(x):
+    """This worker's rows of a global_batch(): x [W * B] -> [B]. One process: x."""
+    return x.chunk(dist.get_world_size())[dist.get_rank()] if dist.is_initialized() else x
 
 
 def mean_over_workers(x):

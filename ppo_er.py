@@ -164,14 +164,17 @@ def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
         return harness.evaluate(args, SCRIPT)
     args, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
-    batch_size = args.num_envs * args.num_steps  # N = K actors x N/K steps
-    minibatch_size = batch_size // args.num_minibatches
+    batch_size = args.num_envs * args.num_steps  # N = K actors x N/K steps, over all torchrun workers
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, seeds, device
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, torchrun workers, seeds, device
     envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
-    device, writer = run.device, run.writer
+    # run.args: args in one process; under torchrun this worker's share, K / W actors and a seed of its own. Each
+    # worker's replay memory holds its own actors' batches: the memory R of the paper is their union
+    args, device, writer = run.args, run.device, run.writer
+    minibatch_size = args.num_envs * args.num_steps // args.num_minibatches  # M / W on each of the W workers
 
     agent = Agent(envs).to(device)
+    harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps, foreach=True)
     replay = ReplayMemory(args.replay_batches)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
@@ -205,7 +208,7 @@ def train(args: Args) -> dict:
 
         # rollout: Algorithm 1, line 3: K actors, N/K steps each
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 mean, log_std = agent.get_pi(next_obs).chunk(2, dim=-1)
@@ -256,9 +259,11 @@ def train(args: Args) -> dict:
                 mean, log_std = agent.get_pi(mb_obs).chunk(2, dim=-1)
                 new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
                 new_value = agent.get_value(mb_obs)
-                # --norm-adv: advantages standardized within the minibatch (the paper does not say)
+                # --norm-adv: advantages standardized within the minibatch (the paper does not say; torchrun: by
+                # the mean and std of all workers' shares of it)
                 if args.norm_adv:
-                    mb_advantages = (mb_advantages - mb_advantages.mean()) / (mb_advantages.std() + 1e-8)
+                    all_advantages = harness.global_batch(mb_advantages)
+                    mb_advantages = (mb_advantages - all_advantages.mean()) / (all_advantages.std() + 1e-8)
 
                 # the loss: -L^CLIP-ER (eq. 12) + c L^V (eq. 16); the entropy term is --ent-coef's (0, as in the paper)
                 pg_loss = ppo_er_loss(new_logp, mb_behav_logp, mb_advantages, clip_coef)
@@ -270,6 +275,7 @@ def train(args: Args) -> dict:
                 # one Adam step on theta (the two networks share no weight: eq. (16) optimized separately)
                 optimizer.zero_grad()
                 loss.backward()
+                harness.average_gradients(agent)  # torchrun: the mean over the workers
                 if args.max_grad_norm is not None:
                     nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
                 optimizer.step()
@@ -417,8 +423,9 @@ def acting_policy(args: Args, envs, load, device):
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
-                        flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe, actions="continuous",
-                        images=False, checkpoint_keys=("replay",))
+                        flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
+                        worker_share=harness.worker_share, actions="continuous", images=False,
+                        checkpoint_keys=("replay",))
 
 
 if __name__ == "__main__":

@@ -255,16 +255,19 @@ def train(args: Args) -> dict:
         return harness.evaluate(args, SCRIPT)
     flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
     args = with_defaults(flags)  # --norm-obs on for Box actions
-    batch_size = args.num_envs * args.num_steps  # N x T
-    minibatch_size = batch_size // args.num_minibatches
+    batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
+    minibatch_size = batch_size // args.num_minibatches  # |D|
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
-    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, seeds, device
-    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
-    device, writer = run.device, run.writer
-    target_period = args.target_period or args.update_epochs * args.num_minibatches
     top_k = max(1, int(args.top_k_fraction * minibatch_size))  # |D~|, as vmpo_e_step chooses it
+    run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, torchrun workers, seeds, device
+    envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
+    # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own, whose
+    # minibatches are its share of D: the E-step and PopArt take all workers' (harness.global_batch)
+    args, device, writer = run.args, run.device, run.writer
+    target_period = args.target_period or args.update_epochs * args.num_minibatches
 
     agent = Agent(envs, args.popart_beta, args.min_std, args.state_dependent_std, args.bf16, args.lstm).to(device)
+    harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     target_agent = copy.deepcopy(agent).requires_grad_(False)  # pi_target: acts, and is the KL's old policy
     # the M-step's KL bounds eps_alpha: one for categoricals, the mean's and the std's for Gaussians (Appendix C)
     if agent.continuous:
@@ -311,7 +314,7 @@ def train(args: Args) -> dict:
         if args.lstm:  # R2D2's stored state: the acting network's at the unroll's start, which the online one replays
             start_states = memory["core_state"]
         for step in range(args.num_steps):
-            global_step += args.num_envs
+            global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():  # the target network acts; V_phi(s) is the online network's (Sec. 4.1)
                 if args.lstm:  # the target's core state carries on; its inputs are stored for the replay
@@ -365,13 +368,14 @@ def train(args: Args) -> dict:
             if args.whole_unrolls or args.lstm:  # (envs, their samples): the E-step's top k within whole unrolls
                 minibatches = unroll_minibatches(args.num_steps, args.num_envs, args.num_minibatches, device)
             else:
-                minibatches = [(None, inds) for inds in torch.randperm(batch_size, device=device).split(minibatch_size)]
+                shuffled = torch.randperm(args.num_envs * args.num_steps, device=device)
+                minibatches = [(None, inds) for inds in shuffled.chunk(args.num_minibatches)]
             for mb_envs, mb_inds in minibatches:
                 # the minibatch D: PopArt's statistics move to its returns, then pi and V of the online network on D
                 # and pi_target's log-probabilities (logged)
                 mb_obs, mb_actions, mb_returns = b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds]
-                if args.popart:  # statistics first, then regress onto targets normalized by them
-                    agent.critic.update(mb_returns)
+                if args.popart:  # statistics first (torchrun: all workers' returns), then regress onto targets
+                    agent.critic.update(harness.global_batch(mb_returns))  # normalized by them
                 if args.lstm:  # each env's unroll replayed from its stored state; backpropagation runs through it all
                     replay = (obs[:, mb_envs], dones[:, mb_envs], start_states[mb_envs], prev_actions[:, mb_envs],
                               prev_rewards[:, mb_envs])
@@ -385,10 +389,12 @@ def train(args: Args) -> dict:
 
                 # L_V (Eq. 1) in PopArt's normalized space
                 v_loss = 0.5 * ((normalized_value - agent.critic.normalize(mb_returns)) ** 2).mean()
-                # E-step over D~ (Eq. 12-13), then weighted maximum likelihood L_pi (Eq. 12)
-                weights, temperature_loss = vmpo_e_step(b_advantages[mb_inds], multipliers["eta"], args.eps_eta,
-                                                        args.top_k_fraction)
-                pg_loss = vmpo_policy_loss(new_logp, weights)
+                # E-step over D~ (Eq. 12-13), then weighted maximum likelihood L_pi (Eq. 12). torchrun: D~ and psi's
+                # normalizer over all workers' advantages; L_pi sums this worker's share, x W so that the average
+                # of the workers' gradients is the gradient of the whole sum
+                weights, temperature_loss = vmpo_e_step(harness.global_batch(b_advantages[mb_inds]),
+                                                        multipliers["eta"], args.eps_eta, args.top_k_fraction)
+                pg_loss = vmpo_policy_loss(new_logp, harness.own_part(weights)) * run.world_size
                 # L_alpha on the full minibatch D (Eq. 14), decoupled for Gaussians (Appendix C)
                 kls = policy_kls(target_pi, new_pi, agent.continuous)
                 kl_loss = sum(vmpo_kl_loss(kls[k], multipliers[f"alpha_{k}"], kl_bounds[k]) for k in kl_bounds)
@@ -400,6 +406,7 @@ def train(args: Args) -> dict:
                 # one Adam step on Eq. 10's loss, eta and alpha >= 1e-8; theta_target <- theta_online every T_target
                 optimizer.zero_grad()
                 loss.backward()
+                harness.average_gradients(agent, multipliers)  # torchrun: the mean over the workers
                 optimizer.step()
                 project_multipliers(multipliers.values())
                 learning_steps += 1
@@ -724,8 +731,8 @@ def acting_policy(args: Args, envs, load, device):
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
-                        flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults, procgen=True,
-                        actions="any", checkpoint_keys=("memory",))
+                        flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
+                        worker_share=harness.worker_share, procgen=True, actions="any", checkpoint_keys=("memory",))
 
 
 if __name__ == "__main__":

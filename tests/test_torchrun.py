@@ -1,4 +1,4 @@
-"""torchrun workers of ppo_ewma.py, ppg_ewma.py and ppo_staleness.py: two CPU processes joined with Gloo.
+"""torchrun workers of every script: two CPU processes joined with Gloo.
 
 The two processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT on a free local port), so harness.start_workers() joins them, as under
@@ -29,7 +29,7 @@ import harness
 import ppg_ewma
 import ppo_ewma
 
-SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness")
+SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
 # CartPole, 8 envs in total (2 workers x 4), one trained iteration of 8 x 32 steps; 4 minibatches per worker
 TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4, gamma=0.99, total_timesteps=256,
             cuda=False)
@@ -37,6 +37,8 @@ CONFIGS = {
     "ppo_ewma": TINY,
     "ppg_ewma": dict(TINY, n_pi=1, aux_minibatch_size=64),  # the aux phase runs after the one iteration
     "ppo_staleness": dict(TINY, staleness=1),  # one warm-up rollout, then one trained iteration
+    "vmpo": TINY,
+    "ppo_er": dict(TINY, env_id="Pendulum-v1", num_steps=200, total_timesteps=1600),  # Box actions; 200-step episodes
 }
 
 
@@ -110,16 +112,18 @@ def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
     run_two_workers(train_and_save_networks, name, str(tmp_path))
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["weights"].keys() == rank1["weights"].keys()
-    assert any(k.startswith("ewma.") for k in rank0["weights"]) == (name != "ppo_staleness")
+    assert any(k.startswith("ewma.") for k in rank0["weights"]) == (name in ("ppo_ewma", "ppg_ewma"))
     for key, value in rank0["weights"].items():  # bit for bit: the averaged gradients are the same on both
         assert torch.equal(value, rank1["weights"][key]), key
-    # global steps count both workers' envs: 8 envs x 32 steps (+ the warm-up rollout of ppo_staleness)
-    assert rank0["result"]["global_step"] == rank1["result"]["global_step"] == (512 if name == "ppo_staleness" else 256)
+    # global steps count both workers' envs: 8 envs x 32 steps (+ the warm-up rollout of ppo_staleness; x 200: ppo_er)
+    steps = {"ppo_staleness": 512, "ppo_er": 1600}.get(name, 256)
+    assert rank0["result"]["global_step"] == rank1["result"]["global_step"] == steps
     # both workers' episodes reach both workers' statistics, and rank 0's TensorBoard
     assert rank0["gathered_episodes"] == rank1["gathered_episodes"] == rank0["local_episodes"] + rank1["local_episodes"]
     assert rank0["local_episodes"] > 0 and rank1["local_episodes"] > 0
     np.testing.assert_equal(rank0["result"]["mean_return"], rank1["result"]["mean_return"])
-    # advantages are normalized with the moments of both workers' advantages, concatenated in rank order
+    # every global_batch is both workers' values, concatenated in rank order (the advantages' moments; vmpo's
+    # E-step, ppo_er's minibatch statistics)
     both = torch.cat([rank0["advantages"], rank1["advantages"]])
     assert torch.equal(rank0["global_advantages"], both) and torch.equal(rank1["global_advantages"], both)
     runs = glob.glob(str(tmp_path / "runs" / "*"))
@@ -127,7 +131,7 @@ def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
     events = EventAccumulator(runs[0])
     events.Reload()
     assert len(events.Scalars("charts/episodic_return")) == rank0["gathered_episodes"]
-    if name != "ppo_staleness":  # span 1: the logged EWMA moments are this batch's
+    if name in ("ppo_ewma", "ppg_ewma"):  # span 1: the logged EWMA moments are this batch's
         assert events.Scalars("charts/adv_mean")[-1].value == pytest.approx(both.mean().item(), abs=1e-6)
         assert events.Scalars("charts/adv_std")[-1].value == pytest.approx(both.std(unbiased=False).item(), rel=1e-5)
 
@@ -277,9 +281,10 @@ def test_workers_that_do_not_divide_num_envs_stop_with_one_sentence(tmp_path, mo
         module.train(module.Args(**CONFIGS[name]))
     # 6 envs, 2 minibatches of whole trajectories: fine in one process, but 3 envs per worker do not split in 2
     monkeypatch.setenv("WORLD_SIZE", "2")
-    with pytest.raises(SystemExit, match="With 2 torchrun workers each one runs 3 of the --num-envs 6 envs.*"
-                                         "--num-minibatches 2 must divide --num-envs 3"):
-        module.train(module.Args(**dict(CONFIGS[name], num_envs=6, num_minibatches=2)))
+    if name in ("ppo_ewma", "ppg_ewma", "ppo_staleness"):  # vmpo and ppo_er split samples, not trajectories
+        with pytest.raises(SystemExit, match="With 2 torchrun workers each one runs 3 of the --num-envs 6 envs.*"
+                                             "--num-minibatches 2 must divide --num-envs 3"):
+            module.train(module.Args(**dict(CONFIGS[name], num_envs=6, num_minibatches=2)))
     assert not os.path.exists("runs")  # stopped before any work
 
 
@@ -291,18 +296,6 @@ def test_workers_of_a_divided_batch_must_divide_the_divided_num_envs(tmp_path, m
     with pytest.raises(SystemExit, match=r"^--num-envs 8, adjusted to 2, is the total over all workers, so it must be "
                                          r"a multiple of the 4 torchrun workers\.$"):
         ppo_ewma.train(ppo_ewma.Args(**dict(CONFIGS["ppo_ewma"], batch_divisor=4, num_minibatches=1)))
-    assert not os.path.exists("runs")
-
-
-@pytest.mark.parametrize("name", SCRIPTS)
-def test_checkpoints_of_workers_are_refused(tmp_path, monkeypatch, name):
-    module = importlib.import_module(name)
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RANK", "0")
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    # a checkpoint would hold rank 0's envs, reward normalizer and RNG only: resuming W workers from it is not exact
-    with pytest.raises(SystemExit, match="^--resume and --checkpoint-every work in a single process only"):
-        module.train(module.Args(**dict(CONFIGS[name], checkpoint_every=1)))
     assert not os.path.exists("runs")
 
 
@@ -383,6 +376,133 @@ def stop_on_a_signal_to_one_worker(rank, out_dir):
 def test_a_signal_to_one_worker_stops_both_at_the_same_iteration_end(tmp_path):
     run_two_workers(stop_on_a_signal_to_one_worker, str(tmp_path))
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
-    # both leave after iteration 3 with 128 + SIGINT; no checkpoint under torchrun, and none is claimed
+    # both leave after iteration 3 with 128 + SIGINT, and rank 0 writes the checkpoint of both
     assert rank0 == rank1 == {"code": 130, "iteration": 3, "global_step": 3 * 256}
-    assert not glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    (path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
+    checkpoint = torch.load(path, weights_only=True)
+    assert checkpoint["iteration"] == 3 and len(checkpoint["workers"]) == 1
+
+
+# ------------------------------------------------------ two workers take one process's update on the same data
+# Deterministic actions (the categorical's mode; a Gaussian's noise a function of its mean) on seeded envs: 2 workers
+# and 1 process collect the very same samples (worker r steps envs 4 r + 1 ... 4 r + 4 of the 8), and one minibatch per update (M = 1) holds all of them,
+# each worker's half. Raw rewards: Gymnasium's reward scaling is each worker's own (docs/torchrun.md).
+EQUAL = {
+    "vmpo_discrete": ("vmpo", dict(env_id="CartPole-v1", num_steps=16, total_timesteps=2 * 128)),
+    "vmpo_box": ("vmpo", dict(env_id="Pendulum-v1", num_steps=16, total_timesteps=2 * 128)),
+    "vmpo_lstm": ("vmpo", dict(env_id="CartPole-v1", num_steps=16, total_timesteps=2 * 128, lstm=True)),
+    # one iteration: with two stored batches M = 1 gives two minibatches, which each worker fills from its own shuffle
+    "ppo_er": ("ppo_er", dict(env_id="Pendulum-v1", num_steps=16, total_timesteps=128, update_epochs=2)),
+}
+
+
+def deterministic_run(name, out_dir, tag):
+    """The script's train() on EQUAL[name] with every action the policy's mode; its trained state_dicts, saved."""
+    script, config = EQUAL[name]
+    module = importlib.import_module(script)
+    os.chdir(out_dir)
+    noise = lambda mean: torch.sin(7.0 * mean + 1.0)  # noqa: E731  a function of the state, not of a worker's RNG
+    torch.distributions.Categorical.sample = lambda self, sample_shape=torch.Size(): self.logits.argmax(-1)
+    torch.distributions.Normal.sample = lambda self, sample_shape=torch.Size(): self.loc + self.scale * noise(self.loc)
+    module.torch.randn_like = noise  # ppo_er samples a = mu + sigma * noise
+    seen, broadcast = {}, harness.broadcast_weights
+    harness.broadcast_weights = lambda *modules: (seen.update(networks=modules), broadcast(*modules))
+    average = harness.average_gradients
+    harness.average_gradients = lambda *modules: (seen.update(trained=modules), average(*modules))
+    module.train(module.Args(**config, num_envs=8, num_minibatches=1, norm_reward=False, exp_name=tag, cuda=False))
+    state = {f"{i}.{k}": v for i, net in enumerate(seen["trained"]) for k, v in net.state_dict().items()}
+    torch.save(state, os.path.join(out_dir, f"{tag}.pt"))
+
+
+def deterministic_worker(rank, name, out_dir):
+    deterministic_run(name, out_dir, f"rank{rank}")
+
+
+@pytest.mark.parametrize("name", EQUAL)
+def test_two_workers_each_with_half_of_a_minibatch_take_one_processs_update(tmp_path, monkeypatch, name):
+    # vmpo: the E-step's top half and psi's normalizer over both halves, L_pi's sum x W, eta, the alphas and PopArt's
+    # statistics; ppo_er: the minibatch's advantage statistics over both halves. Without any of these the two
+    # differ (checked by hand: each change below fails this test by 1e-2 or more)
+    run_two_workers(deterministic_worker, name, str(tmp_path))
+    with monkeypatch.context() as patched:  # the same patches, undone after: one process, the whole minibatch
+        for target, attr in ((torch.distributions.Categorical, "sample"), (torch.distributions.Normal, "sample"),
+                             (importlib.import_module(EQUAL[name][0]).torch, "randn_like"),
+                             (harness, "broadcast_weights"), (harness, "average_gradients")):
+            patched.setattr(target, attr, getattr(target, attr))
+        deterministic_run(name, str(tmp_path), "single")
+    rank0, rank1, single = (torch.load(tmp_path / f"{tag}.pt") for tag in ("rank0", "rank1", "single"))
+    for key, value in single.items():
+        assert torch.equal(rank0[key], rank1[key]), key  # the workers agree bit for bit
+        torch.testing.assert_close(rank0[key], value, rtol=1e-4, atol=1e-5, msg=key)
+    if name.startswith("vmpo"):  # eta and the alphas moved, and so did PopArt's statistics
+        assert any(key.startswith("1.") for key in single) and any(key.endswith("critic.mu") for key in single)
+
+
+# ----------------------------------------------------------------------------------- checkpoints of workers
+class Killed(Exception):
+    """Stands for the workers being killed."""
+
+
+def resumed_run(rank, name, config, out_dir, port):
+    """Under 2 workers: a run killed as it would write iteration 3's checkpoint, then resumed from iteration 2's (the
+    resumed workers join on a port of their own, as a new torchrun would)."""
+    module = importlib.import_module(name)
+    os.chdir(out_dir)
+    real_save = harness.Run.save
+
+    def save_then_die_at_iteration_3(self, file_name, iteration, *args, **kwargs):
+        if iteration == 3:
+            raise Killed
+        real_save(self, file_name, iteration, *args, **kwargs)
+    harness.Run.save = save_then_die_at_iteration_3
+    try:
+        module.train(module.Args(**config, exp_name="killed", checkpoint_every=1))
+    except Killed:
+        pass
+    harness.Run.save = real_save
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    (run_dir,) = glob.glob("runs/*__killed__*")
+    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    os.environ["MASTER_PORT"] = str(port)
+    module.train(module.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+
+
+def full_run(rank, name, config, out_dir):
+    module = importlib.import_module(name)
+    os.chdir(out_dir)
+    module.train(module.Args(**config, exp_name="full"))
+
+
+@pytest.mark.parametrize("name", ["ppo_ewma", "vmpo"])
+def test_a_resumed_run_of_two_workers_logs_what_the_uninterrupted_one_logs(tmp_path, name):
+    config = dict(CONFIGS[name], total_timesteps=4 * 256)  # 4 iterations of 8 envs x 32 steps
+    run_two_workers(full_run, name, config, str(tmp_path))
+    run_two_workers(resumed_run, name, config, str(tmp_path), free_port())
+    (full,), (killed,) = (glob.glob(str(tmp_path / "runs" / f"*__{tag}__*")) for tag in ("full", "killed"))
+    checkpoint = torch.load(f"{killed}/checkpoint.pt", weights_only=True)
+    assert len(checkpoint["workers"]) == 1 and checkpoint["iteration"] == 4  # worker 1's envs, RNG and statistics
+    expected, got = logged(full), logged(killed)
+    assert len(got["losses/policy_loss"]) == 4 and got == expected  # both workers went on where they stopped
+
+
+def test_a_checkpoint_resumes_only_with_as_many_workers_as_wrote_it(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = ppo_ewma.train(ppo_ewma.Args(**dict(TINY, total_timesteps=2 * 256), checkpoint_every=1))
+    path = f"{result['run_dir']}/checkpoint.pt"
+    checkpoint = torch.load(path, weights_only=True)
+    os.remove(f"{result['run_dir']}/model.pt")
+    torch.save({**checkpoint, "iteration": 1, "global_step": 256}, path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit, match=r"its checkpoint holds the envs of 1 worker, not 2: resume it with python, "
+                                         r"in one process\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name)
+    part = {key: value for key, value in checkpoint.items() if key not in ("args", "models", "optimizers")}
+    torch.save({**checkpoint, "iteration": 1, "global_step": 256, "workers": [part]}, path)
+    with pytest.raises(SystemExit, match=r"its checkpoint holds the envs of 2 workers, not 1: resume it with torchrun "
+                                         r"--nproc_per_node 2\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
