@@ -63,7 +63,9 @@ def test_every_exercise_names_what_to_write_and_selects_tests_of_it():
 
 # Tests that call an exercise's piece only as an ingredient of something else: the exercise's check may leave them out
 INGREDIENT = {"test_bf16_runs_the_cnn_in_bfloat16_and_keeps_losses_gradients_and_weights_float32": "--bf16's dtypes",
-              "test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers": "the checkpoint format"}
+              "test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers": "the checkpoint format",
+              "test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer": "the checkpoint format"}
+SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
 
 
 def callers_of(path, names) -> list:
@@ -85,13 +87,16 @@ def callers_of(path, names) -> list:
 
 def test_each_check_selects_every_test_that_calls_the_exercises_pieces():
     # a check that leaves out a test of its piece lets through what only that test catches (exercise 10's check once
-    # left out the test that an epoch visits every stored sample once, and so passed indices drawn with replacement)
+    # left out the test that an epoch visits every stored sample once, and so passed indices drawn with replacement).
+    # Every script that holds a piece takes the student's (--impl), so the check runs its test file too
     for title, names, check in exercises():
         words = re.split(r"\s+or\s+", check[check.index("-k") + 1].strip('"'))
-        for path in (os.path.join(ROOT, word) for word in check if word.startswith("tests/")):
-            left_out = [test for test in callers_of(path, names)
-                        if test not in INGREDIENT and not any(word in test for word in words)]
-            assert not left_out, f"exercise {title!r}: its check leaves out {left_out}"
+        files = [f"tests/test_{script}.py" for script in SCRIPTS
+                 if any(hasattr(importlib.import_module(script), name) for name in names)]
+        for path in files:
+            left_out = [test for test in callers_of(os.path.join(ROOT, path), names)
+                        if test not in INGREDIENT and (path not in check or not any(word in test for word in words))]
+            assert not left_out, f"exercise {title!r}: its check leaves out {path}'s {left_out}"
 
 
 def test_a_check_that_leaves_out_a_test_of_its_piece_is_caught(tmp_path):

@@ -59,6 +59,14 @@ def test_aux_loss_gradient_clones_towards_old_policy_only():
     assert old_logits.grad is None  # pi_old is a fixed target: no gradient flows into it
 
 
+def test_aux_loss_stays_finite_where_the_old_policy_is_near_certain():
+    # old logits [0, -200]: p = (1, e^-200), which log(softmax(.)) rounds to log(0) = -inf; log_softmax keeps it.
+    # New logits [0, 0]: q = (1/2, 1/2). KL[p || q] = 1 * log(1 / 0.5) + e^-200 * (-200 - log 0.5) = log 2 = 0.693147
+    loss = aux_loss(torch.zeros(1, 2), torch.tensor([[0.0, -200.0]]), torch.zeros(1), torch.zeros(1), torch.zeros(1),
+                    1.0)
+    assert loss.item() == pytest.approx(math.log(2), rel=1e-6)
+
+
 def test_aux_loss_without_cloning_is_the_two_value_losses():
     old_logits, new_logits, aux_values, values, returns = aux_example()
     assert aux_loss(new_logits, old_logits, aux_values, values, returns, 0.0).item() == pytest.approx(0.5625)

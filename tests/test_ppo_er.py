@@ -87,6 +87,30 @@ def test_replay_memory_data_is_row_major_over_actors_as_minibatch_indices_reads_
         assert sorted((data["advantages"][mb_inds] % 10).tolist()) == [0, 0, 1, 1, 2, 2]
 
 
+def test_replay_memory_in_warm_up_holds_what_was_pushed_and_train_can_extend_its_batches():
+    # L = 2 with one batch pushed: its samples are the newest (age 0), and an epoch visits those 4 only
+    replay = ReplayMemory(num_batches=2)
+    replay.push(make_batch(1, num_steps=2, num_envs=2))
+    assert len(replay) == 1 and replay.data()["age"].tolist() == [0, 0, 0, 0]
+    assert sorted(torch.cat(replay.minibatch_indices(minibatch_size=2)).tolist()) == [0, 1, 2, 3]
+    # a resumed train() puts the checkpoint's batches back with replay.batches.extend(...): the deque itself
+    replay.batches.extend([make_batch(2, num_steps=2, num_envs=2)])
+    assert len(replay) == 2 and replay.data()["advantages"].tolist() == [1.0] * 4 + [2.0] * 4
+
+
+def test_replay_epochs_shuffle_each_actors_rows_anew_and_apart():
+    # T = 8 steps of K = 2 actors, one batch, minibatches of 1 sample per actor. Each actor's rows are shuffled on
+    # their own (the sample of actor 0 and that of actor 1 in a minibatch come from different rows somewhere), and
+    # each epoch anew
+    torch.manual_seed(0)
+    replay = ReplayMemory(num_batches=1)
+    replay.push(make_batch(1, num_steps=8, num_envs=2))
+    first, second = replay.minibatch_indices(minibatch_size=2), replay.minibatch_indices(minibatch_size=2)
+    assert [mb.tolist() for mb in first] != [mb.tolist() for mb in second]
+    rows = [sorted((mb // 2).tolist()) for mb in first]  # flat index = row * K + k
+    assert any(row[0] != row[1] for row in rows)
+
+
 def test_replay_epoch_visits_every_stored_sample_once_with_m_over_k_per_actor():
     # L = 2 batches of T = 4 steps x K = 2 actors: 16 samples; M = 4 gives NL/M = 4 minibatches,
     # each with M/K = 2 samples of each actor (flat index = row * K + k, so actor = index % K)
@@ -119,6 +143,16 @@ def test_ppo_er_loss_by_hand_two_behaviour_policies():
     # gradient: the clipped sample gives none; d loss / d mu_1 = -R_1 A_1 / 2 * (a_1 - mu_1) = -0.541644 * 0.3
     loss.backward()
     assert new_mean.grad[:, 0].tolist() == pytest.approx([-0.541644 * 0.3, 0.0], abs=1e-5)
+
+
+def test_ppo_er_loss_gradient_reaches_new_logp_only_and_stays_finite_at_low_log_probs():
+    # log pi = -120 and log pi_behav = -120.1, as a 17-dim Gaussian far from its mean gives: e^-120 is 0 in float32,
+    # so the ratio must come from the log-probs' difference: R = e^0.1 = 1.105171, inside [0.8, 1.2]; A = 1
+    new_logp, behav_logp = torch.tensor([-120.0], requires_grad=True), torch.tensor([-120.1], requires_grad=True)
+    loss = ppo_er_loss(new_logp, behav_logp, torch.tensor([1.0]), clip_coef=0.2)
+    assert loss.item() == pytest.approx(-1.105171, rel=1e-5)
+    loss.backward()
+    assert new_logp.grad.item() == pytest.approx(-1.105171, rel=1e-5) and behav_logp.grad is None  # a constant
 
 
 def test_ppo_er_loss_with_one_batch_is_ppo_clipped_loss():

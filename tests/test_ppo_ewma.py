@@ -386,6 +386,28 @@ def test_reward_normalizer_updates_once_per_rollout():
     assert normalizer.mean == pytest.approx((count * mean + 2.75 + 5.125) / (count + 2))
 
 
+def test_reward_normalizer_keeps_its_epsilon_inside_the_square_root():
+    # 4 envs, one step of reward 0.001 each: R = 0.001, batch mean 0.001, batch var 0. Merged with the prior:
+    #   var = (1e-4 * 1 + 4 * 0 + 0.001^2 * 1e-4 * 4 / 4.0001) / 4.0001 = 2.49994e-5
+    #   0.001 / sqrt(2.49994e-5 + 1e-8) = 0.199962 (without the 1e-8: 0.200002)
+    normalizer = ppo_ewma.RewardNormalizer(num_envs=4, gamma=0.99)
+    scaled = normalizer(torch.full((1, 4), 0.001), torch.ones(1, 4))
+    assert normalizer.var == pytest.approx(2.49994e-5, rel=1e-5)
+    assert scaled.tolist() == [pytest.approx([0.199962] * 4, rel=1e-5)]
+
+
+def test_reward_normalizer_takes_the_batch_variance_accurately_where_the_returns_are_large():
+    # 8 envs, one step, every one an episode start: R = 1000, 1000.01, ..., 1000.07, whose variance is 5.25e-4. In
+    # float32, E[R^2] - E[R]^2 loses it to cancellation (0.0625 here); a two-pass variance keeps it. Merged with the
+    # prior (count 1e-4, mean 0, var 1): (1e-4 + 8 var_batch + mean^2 * 1e-4 * 8 / 8.0001) / 8.0001
+    rewards = torch.tensor([[1000.0 + 0.01 * k for k in range(8)]])
+    normalizer = ppo_ewma.RewardNormalizer(num_envs=8, gamma=0.99)
+    normalizer(rewards, torch.ones(1, 8))
+    returns = rewards.double().flatten()  # the float32 returns, their moments in float64
+    mean, var = returns.mean().item(), returns.var(unbiased=False).item()
+    assert normalizer.var == pytest.approx((1e-4 + 8 * var + mean**2 * 1e-4 * 8 / 8.0001) / 8.0001, rel=1e-6)
+
+
 def test_minibatch_indices_whole_trajectories():
     # N = 4 envs, T = 4 steps, M = 2: the env permutation of seed 1 is [1, 3, 2, 0], so minibatch 0 holds the
     # full trajectories of envs 1 and 3, minibatch 1 those of envs 2 and 0. Flat index t*N + n = 4t + n.
@@ -403,6 +425,15 @@ def test_minibatch_indices_time_chunks_when_more_minibatches_than_envs():
     assert torch.randperm(2, generator=torch.Generator().manual_seed(1)).tolist() == [1, 0]
     minibatches = ppo_ewma.minibatch_indices(4, 2, 4, generator=torch.Generator().manual_seed(1))
     assert [mb.tolist() for mb in minibatches] == [[1, 3], [5, 7], [0, 2], [4, 6]]
+
+
+def test_minibatch_indices_without_a_generator_draw_from_torchs_global_random_state():
+    # train() calls it with no generator: each epoch must shuffle the envs anew, from torch's seeded global RNG
+    torch.manual_seed(3)
+    first, second = ppo_ewma.minibatch_indices(2, 8, 2), ppo_ewma.minibatch_indices(2, 8, 2)
+    torch.manual_seed(3)
+    assert [i.tolist() for i in ppo_ewma.minibatch_indices(2, 8, 2)] == [i.tolist() for i in first]  # seeded
+    assert [i.tolist() for i in second] != [i.tolist() for i in first]  # 1 in 8! = 40,320 to be equal by chance
 
 
 @pytest.mark.parametrize("num_steps, num_envs, num_minibatches",

@@ -64,7 +64,7 @@ def test_loss_and_gradient_of_each_objective(objective, expected_loss, expected_
     assert new_logp.grad.item() == pytest.approx(expected_grad, abs=1e-5)
 
 
-def test_clipped_loss_with_the_importance_weight_cap_active():
+def test_decoupled_clip_loss_with_the_importance_weight_cap_active():
     # sample 1: pi = 0.5, pi_prox = 0.45, pi_behav = 0.001, A = 1: pi/pi_behav = 500 > 100, so pi_behav
     #   is raised to 0.5/100 = 0.005; r = 0.5/0.45 = 1.111 (unclipped); weight 0.45/0.005 = 90;
     #   term = -90 * 1.111 = -100 (uncapped: -450 * 1.111 = -500)

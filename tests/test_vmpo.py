@@ -90,6 +90,25 @@ def test_e_step_is_stable_for_huge_advantages():
     assert loss.item() == pytest.approx(999.6300110, abs=1e-3)
 
 
+def test_e_step_subtracts_the_max_of_a_over_eta_where_eta_is_small():
+    # A = [2, 1, 0, -1], eta 0.01, eps 0.01: D~ = {2, 1}, A/eta = [200, 100]; the max of A alone (2) leaves exp(198)
+    # to overflow. log-mean-exp = 200 + log((1 + e^-100) / 2) = 199.306853; L = 0.01 * 0.01 + 0.01 * 199.306853
+    # = 1.993169. dL/deta = eps + lme - sum psi A / eta = 0.01 + 199.306853 - (1 * 2 + e^-100 * 1) / 0.01 = -0.683147
+    eta = torch.tensor(0.01, requires_grad=True)
+    _, loss = vmpo.vmpo_e_step(torch.tensor([2.0, 1.0, 0.0, -1.0]), eta, 0.01, 0.5)
+    loss.backward()
+    assert loss.item() == pytest.approx(1.993169, rel=1e-5) and eta.grad.item() == pytest.approx(-0.683147, abs=1e-3)
+
+
+def test_e_step_keeps_exactly_k_samples_with_ties_and_odd_batches():
+    # k = max(1, int(0.5 B)): B = 4 with three tied A = 1 keeps 2 of them (a threshold A >= 1 would keep 3); B = 7
+    # keeps int(3.5) = 3 (round(3.5) = 4 would keep 4)
+    weights, _ = vmpo.vmpo_e_step(torch.tensor([1.0, 1.0, 1.0, 0.0]), torch.tensor(1.0), 0.01, 0.5)
+    assert (weights > 0).sum().item() == 2 and weights.sum().item() == pytest.approx(1.0) and weights[3] == 0
+    weights, _ = vmpo.vmpo_e_step(torch.arange(7.0), torch.tensor(1.0), 0.01, 0.5)
+    assert (weights > 0).tolist() == [False] * 4 + [True] * 3
+
+
 # ------------------------------------------------------------------------------------ M-step
 def test_policy_loss_by_hand():
     # -(0.2 log 0.5 + 0.8 log 0.25) = 0.2 * 0.6931472 + 0.8 * 1.3862944 = 1.2476649
