@@ -47,6 +47,10 @@ RUNS = {  # name: (script, Args fields); each a few iterations, every code path 
     "vmpo_cartpole": ("vmpo", dict(CARTPOLE, total_timesteps=512)),
     "vmpo_pendulum": ("vmpo", dict(PENDULUM, total_timesteps=512)),
     "ppo_er": ("ppo_er", dict(PENDULUM, update_epochs=2, replay_batches=2, total_timesteps=512)),
+    # recorded on an Intel Xeon (avx512_bf16): ppo_ewma's Box-action path (the lean MuJoCo step to come keeps it),
+    # and vmpo's recurrent core before it is generalized to three cells
+    "ppo_ewma_pendulum": ("ppo_ewma", dict(PENDULUM, update_epochs=2, total_timesteps=512)),
+    "vmpo_lstm": ("vmpo", dict(CARTPOLE, lstm=True, total_timesteps=512)),
 }
 CAPABILITIES = ("default", "avx2", "avx512")  # x86-64's ATEN_CPU_CAPABILITY levels, lowest first
 # A logged value may differ from the recorded one by TOLERANCE x its tag's spread + its tag's float32 floor.
@@ -65,6 +69,7 @@ CAPABILITIES = ("default", "avx2", "avx512")  # x86-64's ATEN_CPU_CAPABILITY lev
 TOLERANCE = 30
 FLOAT32_FLOOR = 8 * np.finfo(np.float32).eps
 CPU_LOGS = os.path.join(os.path.dirname(FIXTURE), "intel_xeon_scalars.json")  # every run, logged at each level
+RECORDED_ON_XEON = {"ppo_ewma_pendulum", "vmpo_lstm"}  # recorded on that Xeon itself: its levels give their spread
 
 
 def logged_scalars(script, config, exp_name):
@@ -119,7 +124,7 @@ def test_every_scalar_is_the_recorded_one_on_every_cpu(capability, tmp_path):
 def test_another_cpus_logs_of_every_run_are_within_the_tolerance():
     with open(FIXTURE) as file, open(CPU_LOGS) as logs_file:
         fixture, logs = json.load(file), json.load(logs_file)
-    assert sorted(logs["logged"]) == sorted(CAPABILITIES) and all(sorted(runs) == sorted(RUNS)
+    assert sorted(logs["logged"]) == sorted(CAPABILITIES) and all(sorted(runs) == sorted(set(RUNS) - RECORDED_ON_XEON)
                                                                  for runs in logs["logged"].values())
     for capability, runs in logs["logged"].items():
         for name, logged in runs.items():
