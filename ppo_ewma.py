@@ -33,6 +33,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 import tyro
 
 import checkpoints
@@ -145,6 +146,13 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     noise_scale: bool = False
     """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
     to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple"""
+    rnn: Optional[Literal["lstm", "gru", "rnn"]] = None
+    """a recurrent core of this cell after the encoder (vmpo.py's RecurrentCore), which also reads the previous action
+    and raw reward, and which both heads read (Box actions: one 64-64 encoder for both). Minibatches are whole env
+    unrolls, replayed from the states stored at the rollout's start (R2D2's), so M must divide N"""
+    norm_value: bool = False
+    """skrl's value preprocessor: the value head predicts returns standardized by their running mean and std (updated
+    with each iteration's returns); GAE, the bootstraps and explained variance use the raw values"""
 
 
 def with_defaults(args: Args) -> Args:
@@ -339,7 +347,7 @@ def train(args: Args) -> dict:
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
     args, device, writer = run.args, run.device, run.writer
 
-    agent = Agent(envs, args.bf16).to(device)
+    agent = Agent(envs, args.bf16, args.rnn).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     # PPO-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
     # (Appendix A), theta_prox = theta at the start
@@ -347,9 +355,13 @@ def train(args: Args) -> dict:
     ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
 
     # pi_prox of a minibatch: the EWMA network's policy
-    def prox_pi_of(obs):
+    @torch.no_grad()
+    def prox_pi_of(obs, replay=None):
         """pi_prox of the EWMA network: a no-grad pass, on the CPU 64 frames at a time (memory only: the same
-        numbers as one pass)."""
+        numbers as one pass); --rnn: it replays the minibatch's unrolls from the behaviour's stored states, one step
+        of their envs at a time, as R2D2's target network does."""
+        if replay is not None:
+            return ewma_agent.unroll(*replay)[0]
         return harness.in_chunks(ewma_agent.get_pi, obs, 64 if device.type == "cpu" else len(obs))
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
@@ -357,6 +369,8 @@ def train(args: Args) -> dict:
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = GradientNoiseScale() if args.noise_scale else None
+    value_normalizer = ValueNormalizer() if args.norm_value else None  # --norm-value: V's targets standardized
+    raw = value_normalizer.denormalize if args.norm_value else lambda values: values  # V's head output, in returns
     warn_about_settings(args, agent.continuous)
 
     # rollout storage
@@ -373,16 +387,22 @@ def train(args: Args) -> dict:
     behav_pis = torch.zeros(rollout_shape + (pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
+    if args.rnn:  # the core's inputs besides obs and dones, as the rollout fed them
+        prev_actions, prev_rewards = torch.zeros_like(actions), torch.zeros(rollout_shape, device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
+    # --rnn: what the acting network carries from step to step, its core state and last action and raw reward
+    memory = agent.core.initial_memory(args.num_envs, device) if args.rnn else {}
     saved = checkpoints.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                               normalizers={"reward": reward_normalizer, "advantages": adv_moments,
-                                           "noise_scale": noise_scale}, keys={"ewma_weight": ewma_weight})
+                                           "noise_scale": noise_scale, "value": value_normalizer},
+                              keys={"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     ewma_weight = run.restored("ewma_weight")  # theta_prox spans iterations: its w comes back with it
+    memory = run.restored("memory") if args.rnn else {}
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":
@@ -390,24 +410,35 @@ def train(args: Args) -> dict:
 
         # rollout: T steps of the N envs with the behaviour policy pi_behav, the current weights (theta_behav = theta)
         bootstraps.zero_()
+        if args.rnn:  # R2D2's stored state: each env's at the rollout's start, from which the update replays it
+            start_states = memory["core_state"]
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                step_pi, values[step] = agent(next_obs)
+                if args.rnn:  # the core's state carries on; its inputs are stored for the replay
+                    prev_actions[step], prev_rewards[step] = memory["prev_action"], memory["prev_reward"]
+                    step_pi, step_value, core_state = agent.step(next_obs, next_done, **memory)
+                else:
+                    step_pi, step_value = agent(next_obs)
+                values[step] = raw(step_value)
             action = sample_actions(step_pi, continuous, nvec)
             actions[step], behav_pis[step] = action, step_pi
 
             env_action = torch.clamp(action, action_low, action_high) if continuous else action
             next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
+            if args.rnn:  # the raw reward: the scaled one is known only once the rollout ends
+                memory = {"core_state": core_state, "prev_action": action, "prev_reward": rewards[step].clone()}
             # time-limit truncation is not termination: gamma * V(final obs) is kept apart in `bootstraps`, already in
-            # scaled units, and added to the scaled reward below
+            # scaled units, and added to the scaled reward below (--rnn: from the state before the reset)
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
-                    bootstraps[step, truncated_only] = args.gamma * agent.get_value(final_obs)
+                    ended = {name: value[truncated_only] for name, value in memory.items()}
+                    final_value = agent.get_value(final_obs, torch.zeros(truncated_only.size, device=device), **ended)
+                    bootstraps[step, truncated_only] = args.gamma * raw(final_value)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             run.after_step(global_step, info)  # finished episodes, progress
@@ -416,7 +447,7 @@ def train(args: Args) -> dict:
         # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all
         # workers); the bootstrap V is already in scaled units
         with torch.no_grad():
-            next_value = agent.get_value(next_obs)
+            next_value = raw(agent.get_value(next_obs, next_done, **memory))
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
@@ -425,6 +456,10 @@ def train(args: Args) -> dict:
         b_behav_logps = policy_log_prob_and_entropy(b_behav_pis, b_actions, continuous, nvec)[0]  # log pi_behav(a|s)
         b_advantages = advantages.reshape(-1)
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
+        v_targets, v_old = b_returns, b_values  # the value loss's, in the value head's units
+        if args.norm_value:  # --norm-value: the statistics move to this iteration's returns (torchrun: all workers')
+            value_normalizer.update(harness.global_batch(b_returns))
+            v_targets, v_old = value_normalizer.normalize(b_returns), value_normalizer.normalize(b_values)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
             adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)
@@ -437,13 +472,18 @@ def train(args: Args) -> dict:
             epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step
             for mb_inds in epoch_minibatches(args):
                 # the minibatch's pi and V under theta, and pi_prox: the EWMA network's (PPO-EWMA) or pi_behav (PPO)
-                mb_inds = mb_inds.to(device)
+                mb_inds, replay = mb_inds.to(device), None
+                if args.rnn:  # whole unrolls of the minibatch's envs, replayed from their stored states, t-major
+                    mb_envs = mb_inds.view(-1, args.num_steps)[:, 0]  # minibatch_indices: each env's T steps in turn
+                    mb_inds = (torch.arange(args.num_steps, device=device)[:, None] * args.num_envs + mb_envs).flatten()
+                    replay = (obs[:, mb_envs], dones[:, mb_envs], start_states[mb_envs], prev_actions[:, mb_envs],
+                              prev_rewards[:, mb_envs])
                 mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
-                new_pi, new_value = agent(mb_obs)
+                new_pi, new_value = agent.unroll(*replay)[:2] if args.rnn else agent(mb_obs)
                 new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, continuous, nvec)
                 if ewma_agent is not None:  # PPO-EWMA: pi_prox is the EWMA network's policy
-                    prox_pi = prox_pi_of(mb_obs)
+                    prox_pi = prox_pi_of(mb_obs, replay)
                     prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous, nvec)[0]
                 else:  # PPO: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
@@ -456,8 +496,8 @@ def train(args: Args) -> dict:
                     kl = policy_kl(prox_pi, new_pi, continuous, nvec)  # KL[pi_prox || pi]
                     pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
                                                 args.max_is_ratio)
-                v_loss = (clipped_value_loss(new_value, b_values[mb_inds], b_returns[mb_inds], args.clip_coef)
-                          if args.clip_vloss else value_loss(new_value, b_returns[mb_inds]))
+                v_loss = (clipped_value_loss(new_value, v_old[mb_inds], v_targets[mb_inds], args.clip_coef)
+                          if args.clip_vloss else value_loss(new_value, v_targets[mb_inds]))
                 entropy_loss = entropy.mean()
                 loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
@@ -518,11 +558,15 @@ def train(args: Args) -> dict:
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
             writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
+        if args.norm_value:
+            writer.add_scalar("charts/value_normalizer_mean", value_normalizer.mean, global_step)
+            writer.add_scalar("charts/value_normalizer_std", math.sqrt(value_normalizer.var), global_step)
         if ewma_agent is not None:
             writer.add_scalar("charts/ewma_decay", ewma_decay, global_step)
             writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
-        run.end_iteration(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # SPS, checkpoint
-    return run.finish(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # --save-model
+        kept = {"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})}  # for --resume
+        run.end_iteration(iteration, global_step, next_obs, next_done, **kept)  # SPS, checkpoint
+    return run.finish(iteration, global_step, next_obs, next_done, **kept)  # --save-model
 
 
 # ------------------------------------------------------------------------------------------------------ networks
@@ -591,6 +635,46 @@ class ImpalaCNN(nn.Module):
             return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
+class RecurrentCore(nn.Module):
+    """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma.py's --rnn: an
+    LSTM, a GRU or an Elman RNN) whose input is the encoder's features, the previous action (one-hot for discrete
+    actions) and the previous reward. Where an episode starts its state and those two inputs are zeroed. Its state is
+    one tensor, [B, S, H] (an LSTM's h and c: S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes
+    by env."""
+
+    CELLS = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "rnn": nn.RNNCell}
+
+    def __init__(self, in_features, action_space, hidden, cell="lstm"):
+        super().__init__()
+        self.num_actions = None if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
+        self.action_shape = action_space.shape  # () for indices
+        self.kind, self.state_size = cell, 2 if cell == "lstm" else 1
+        setattr(self, cell, self.CELLS[cell](in_features + (self.num_actions or action_space.shape[0]) + 1, hidden))
+        with torch.no_grad():  # biases 0 but an LSTM's forget gate's 1 (PyTorch's gate order i, f, g, o), as
+            getattr(self, cell).bias_hh.zero_()  # TensorFlow's and Sonnet's LSTMs: the state is kept at first
+            getattr(self, cell).bias_ih.zero_()[hidden:2 * hidden] = 1.0 if cell == "lstm" else 0.0
+
+    def initial_memory(self, batch_size, device=None):
+        """What the core carries from one step to the next (forward's last three inputs), all zero."""
+        hidden = getattr(self, self.kind).hidden_size
+        return {"core_state": torch.zeros(batch_size, self.state_size, hidden, device=device),
+                "prev_action": torch.zeros(batch_size, *self.action_shape, device=device).to(
+                    torch.float32 if self.num_actions is None else torch.long),
+                "prev_reward": torch.zeros(batch_size, device=device)}
+
+    def forward(self, features, done, core_state, prev_action, prev_reward):
+        """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
+        [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
+        keep = (1.0 - done).unsqueeze(-1)
+        action = prev_action if self.num_actions is None else F.one_hot(prev_action, self.num_actions).float()
+        inputs = torch.cat([features, keep * action, keep * prev_reward.unsqueeze(-1)], dim=-1)
+        if self.state_size == 2:  # an LSTM: (h, c)
+            h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))
+            return h, torch.stack([h, c], dim=1)
+        h = getattr(self, self.kind)(inputs, keep * core_state[:, 0])
+        return h, h.unsqueeze(1)
+
+
 def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
     return nn.Sequential(layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
                          layer_init(nn.Linear(64, out_dim), std=out_std))
@@ -599,31 +683,35 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
     Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for a diagonal Gaussian's mean and the value, and
-    a state-independent log-std. The policy's parameters pi, [B, P]: logits (MultiDiscrete: each sub-action's side by
+    a state-independent log-std. --rnn: the torso (for Box actions one 64-64 tanh MLP, whose two heads are then linear
+    readouts: one core state to store and replay, as vmpo.py's --lstm) feeds a RecurrentCore as wide as its output,
+    and both heads read the core. The policy's parameters pi, [B, P]: logits (MultiDiscrete: each sub-action's side by
     side), or the mean and log-std side by side."""
 
-    def __init__(self, envs, bf16=False):
+    def __init__(self, envs, bf16=False, rnn=None):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
         multi = isinstance(action_space, gym.spaces.MultiDiscrete)
         self.nvec = action_space.nvec.tolist() if multi else None  # MultiDiscrete: each sub-action's number of values
-        if self.continuous:
-            obs_dim, action_dim = int(np.prod(obs_shape)), int(np.prod(action_space.shape))
-            self.actor_mean, self.critic = mlp(obs_dim, action_dim, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
-            self.actor_log_std = nn.Parameter(torch.zeros(action_dim))  # log sigma, one per action dim
-            return
-        num_actions = sum(self.nvec) if multi else action_space.n
-        if len(obs_shape) == 3:  # official heads: normed init with scale 0.1
-            self.torso = ImpalaCNN(obs_shape[-1], bf16=bf16)
-            self.actor, self.critic = normed_init(nn.Linear(256, num_actions), 0.1), normed_init(nn.Linear(256, 1), 0.1)
+        num_outputs, hidden = int(np.prod(action_space.shape)) if self.continuous else \
+            sum(self.nvec) if multi else action_space.n, 64
+        if self.continuous and rnn is None:
+            obs_dim = int(np.prod(obs_shape))
+            self.actor_mean, self.critic = mlp(obs_dim, num_outputs, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
+        elif len(obs_shape) == 3:  # official heads: normed init with scale 0.1
+            self.torso, hidden = ImpalaCNN(obs_shape[-1], bf16=bf16), 256
+            self.actor, self.critic = normed_init(nn.Linear(256, num_outputs), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
             self.torso = nn.Sequential(
                 layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
             )
-            self.actor = layer_init(nn.Linear(64, num_actions), std=0.01)
+            self.actor = layer_init(nn.Linear(64, num_outputs), std=0.01)
             self.critic = layer_init(nn.Linear(64, 1), std=1.0)
+        if self.continuous:
+            self.actor_log_std = nn.Parameter(torch.zeros(num_outputs))  # log sigma, one per action dim
+        self.core = RecurrentCore(hidden, action_space, hidden, rnn) if rnn else None
 
     def get_pi(self, obs):
         if self.continuous:
@@ -631,15 +719,36 @@ class Agent(nn.Module):
             return torch.cat([mean, self.actor_log_std.expand_as(mean)], dim=-1)
         return self.actor(self.torso(obs))
 
-    def get_value(self, obs):
+    def get_value(self, obs, done=None, **memory):
+        """V(s): [B]; --rnn: one step from `memory`, as step() (without it, done and memory are not read)."""
+        if self.core is not None:
+            return self.step(obs, done, **memory)[1]
         return self.critic(obs if self.continuous else self.torso(obs)).squeeze(-1)
+
+    def heads(self, hidden):
+        """(pi, V(s)) of the torso's or the core's output."""
+        if self.continuous:
+            mean = self.actor(hidden)
+            return torch.cat([mean, self.actor_log_std.expand_as(mean)], dim=-1), self.critic(hidden).squeeze(-1)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+
+    def step(self, obs, done, core_state, prev_action, prev_reward):
+        """--rnn, one step of a batch of envs (RecurrentCore.forward's inputs): (pi, V(s), next state)."""
+        hidden, core_state = self.core(self.torso(obs), done, core_state, prev_action, prev_reward)
+        return (*self.heads(hidden), core_state)
+
+    def unroll(self, obs, dones, core_state, prev_actions, prev_rewards):
+        """--rnn: unrolls [T, B] from their first step's state, step by step as the rollout ran them (the same code
+        path): (pi [T*B, P], V(s) [T*B], t-major; the last state). Gradients flow through the whole unroll."""
+        outputs = []
+        for t in range(len(obs)):
+            *output, core_state = self.step(obs[t], dones[t], core_state, prev_actions[t], prev_rewards[t])
+            outputs.append(output)
+        return (*(torch.cat(output) for output in zip(*outputs)), core_state)
 
     def forward(self, obs):
         """(pi, V(s))."""
-        if self.continuous:
-            return self.get_pi(obs), self.get_value(obs)
-        hidden = self.torso(obs)
-        return self.actor(hidden), self.critic(hidden).squeeze(-1)
+        return (self.get_pi(obs), self.get_value(obs)) if self.continuous else self.heads(self.torso(obs))
 
 
 # --------------------------------------------------------------------------------------------------- environment
@@ -737,6 +846,27 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
 
+class ValueNormalizer:
+    """--norm-value, skrl's value preprocessor (its RunningStandardScaler): the running mean and variance of the
+    returns, each iteration's merged in (Chan et al.'s parallel formula, as RewardNormalizer's), from a prior of mean
+    0, variance 1 and count 1e-4. normalize: (x - mean) / (sqrt(var) + 1e-8); denormalize its inverse."""
+
+    def __init__(self):
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+
+    def update(self, returns):
+        n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
+        total, delta = self.count + n, batch_mean - self.mean
+        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
+        self.mean, self.count = self.mean + delta * n / total, total
+
+    def normalize(self, x):
+        return (x - self.mean) / (math.sqrt(self.var) + 1e-8)
+
+    def denormalize(self, x):
+        return x * (math.sqrt(self.var) + 1e-8) + self.mean
+
+
 def linear_schedule(initial, iteration, num_iterations):
     """initial * (1 - (iteration - 1) / num_iterations): 1 in the first iteration (1-based), 1/J in the last."""
     return initial * max(0.0, 1.0 - (iteration - 1) / num_iterations)
@@ -821,6 +951,11 @@ def check_args(args: Args, observation_space, action_space) -> None:
     """This script's own checks of the run's Args (the batch-divisor adjustments applied)."""
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
+    if args.rnn and (args.shuffle_samples or args.num_envs % args.num_minibatches or
+                     isinstance(action_space, gym.spaces.MultiDiscrete)):
+        raise SystemExit(f"--rnn replays whole env unrolls from their stored states: --num-minibatches "
+                         f"{args.num_minibatches} must divide --num-envs {args.num_envs}, without --shuffle-samples, and "
+                         f"the actions be Discrete or Box.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
     # scaled reward
@@ -853,16 +988,24 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
 def acting_policy(args: Args, envs, load, device):
     """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> env actions, sampled or
     (--eval-deterministic) the mode; clipped to the bounds for continuous actions, as in training."""
-    agent = Agent(envs).to(device)
+    agent = Agent(envs, rnn=args.rnn).to(device)
     load(agent, "agent")  # the checkpoint's weights, checked
-    return harness.actor(lambda obs: sample_actions(agent.get_pi(obs), agent.continuous, agent.nvec,
-                                                    mode=args.eval_deterministic), envs, device)
+    memory = agent.core.initial_memory(envs.num_envs, device) if args.rnn else {}
+
+    def sample(obs, prev_reward=None, done=None):  # --rnn: the previous step's reward and done, and its action below
+        if args.rnn:
+            pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward))
+        else:
+            pi = agent.get_pi(obs)
+        memory["prev_action"] = sample_actions(pi, agent.continuous, agent.nvec, mode=args.eval_deterministic)
+        return memory["prev_action"]
+    return harness.actor(sample, envs, device, memory=bool(args.rnn))
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
                         worker_share=harness.worker_share, procgen=True, actions="all",
-                        checkpoint_keys=("ewma_weight",))
+                        checkpoint_keys=("ewma_weight", "memory"))
 
 
 if __name__ == "__main__":

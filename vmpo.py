@@ -512,35 +512,44 @@ class ImpalaCNN(nn.Module):
             return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
-class LSTMCore(nn.Module):
-    """The agent's memory (Fig. 1b): an LSTM whose input is the encoder's features, the previous action (one-hot for
-    discrete actions) and the previous reward. Where an episode starts its state and those two inputs are zeroed.
-    Its state is h and c stacked, [B, 2, H]: one tensor, which a rollout stores and indexes by env."""
+class RecurrentCore(nn.Module):
+    """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma.py's --rnn: an
+    LSTM, a GRU or an Elman RNN) whose input is the encoder's features, the previous action (one-hot for discrete
+    actions) and the previous reward. Where an episode starts its state and those two inputs are zeroed. Its state is
+    one tensor, [B, S, H] (an LSTM's h and c: S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes
+    by env."""
 
-    def __init__(self, in_features, action_space, hidden):
+    CELLS = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "rnn": nn.RNNCell}
+
+    def __init__(self, in_features, action_space, hidden, cell="lstm"):
         super().__init__()
         self.num_actions = None if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
         self.action_shape = action_space.shape  # () for indices
-        self.lstm = nn.LSTMCell(in_features + (self.num_actions or action_space.shape[0]) + 1, hidden)
-        with torch.no_grad():  # biases 0 but the forget gate's 1 (PyTorch's gate order i, f, g, o), as TensorFlow's
-            self.lstm.bias_hh.zero_()  # and Sonnet's LSTMs: the state is kept at first
-            self.lstm.bias_ih.zero_()[hidden:2 * hidden] = 1.0
+        self.kind, self.state_size = cell, 2 if cell == "lstm" else 1
+        setattr(self, cell, self.CELLS[cell](in_features + (self.num_actions or action_space.shape[0]) + 1, hidden))
+        with torch.no_grad():  # biases 0 but an LSTM's forget gate's 1 (PyTorch's gate order i, f, g, o), as
+            getattr(self, cell).bias_hh.zero_()  # TensorFlow's and Sonnet's LSTMs: the state is kept at first
+            getattr(self, cell).bias_ih.zero_()[hidden:2 * hidden] = 1.0 if cell == "lstm" else 0.0
 
     def initial_memory(self, batch_size, device=None):
         """What the core carries from one step to the next (forward's last three inputs), all zero."""
-        return {"core_state": torch.zeros(batch_size, 2, self.lstm.hidden_size, device=device),
+        hidden = getattr(self, self.kind).hidden_size
+        return {"core_state": torch.zeros(batch_size, self.state_size, hidden, device=device),
                 "prev_action": torch.zeros(batch_size, *self.action_shape, device=device).to(
                     torch.float32 if self.num_actions is None else torch.long),
                 "prev_reward": torch.zeros(batch_size, device=device)}
 
     def forward(self, features, done, core_state, prev_action, prev_reward):
         """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
-        [B, 2, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, 2, H])."""
+        [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
         keep = (1.0 - done).unsqueeze(-1)
         action = prev_action if self.num_actions is None else F.one_hot(prev_action, self.num_actions).float()
         inputs = torch.cat([features, keep * action, keep * prev_reward.unsqueeze(-1)], dim=-1)
-        h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))
-        return h, torch.stack([h, c], dim=1)
+        if self.state_size == 2:  # an LSTM: (h, c)
+            h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))
+            return h, torch.stack([h, c], dim=1)
+        h = getattr(self, self.kind)(inputs, keep * core_state[:, 0])
+        return h, h.unsqueeze(1)
 
 
 def mlp(in_dim, hidden):
@@ -554,7 +563,7 @@ class Agent(nn.Module):
     heads. Box actions, as the paper's Gym agents (Appendix F): the policy and the value each have their own MLP
     (256-256 tanh) and linear readout; the policy's gives a diagonal Gaussian's mean and state-dependent std
     (--no-state-dependent-std: one learned std vector). --lstm, the paper's agent (Fig. 1b): the torso, shared by both
-    heads for Box actions too, feeds an LSTMCore as wide as its output, and the heads read the core.
+    heads for Box actions too, feeds an LSTM core (RecurrentCore) as wide as its output, and the heads read the core.
 
     The policy's parameters pi, [B, P]: categorical logits, or a Gaussian's mean and std side by side.
     """
@@ -573,7 +582,7 @@ class Agent(nn.Module):
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:
             self.torso, hidden = mlp(obs_shape[0], 64), 64
-        self.core = LSTMCore(hidden, action_space, hidden) if lstm else None
+        self.core = RecurrentCore(hidden, action_space, hidden) if lstm else None
         num_outputs = (1 + state_dependent_std) * action_space.shape[0] if self.continuous else action_space.n
         self.actor = layer_init(nn.Linear(hidden, num_outputs), std=0.01)
         self.critic = PopArt(hidden, beta=popart_beta)
@@ -601,7 +610,7 @@ class Agent(nn.Module):
         return self.critic.unnormalize(self.critic(hidden))
 
     def step(self, obs, done, core_state, prev_action, prev_reward):
-        """--lstm, one step of a batch of envs (LSTMCore.forward's inputs): (pi, normalized value n(s), next state)."""
+        """--lstm, one step of a batch of envs (RecurrentCore.forward's inputs): (pi, normalized value n(s), next state)."""
         hidden, core_state = self.core(self.torso(obs), done, core_state, prev_action, prev_reward)
         return self.policy(hidden), self.critic(hidden), core_state
 

@@ -649,6 +649,7 @@ class Killed(Exception):
     # Box actions: observation statistics in the env stack, the step size adapted inside the optimizer's state
     {"env_id": "Pendulum-v1", "num_envs": 1, "num_steps": 64, "num_minibatches": 4, "clip_vloss": True,
      "lr_schedule": "kl-adaptive"},  # one 200-step episode ends in the 4 iterations
+    {"rnn": "lstm", "norm_value": True},  # the core's memory and the value normalizer's statistics
 ])
 def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch, config):
     """4 iterations on CartPole. The killed run writes checkpoints every iteration and dies while writing
@@ -985,3 +986,102 @@ def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):
     learned = [tag for tag in off if tag.startswith(("losses/", "charts/episodic_return"))]
     assert "losses/policy_loss" in learned and "charts/episodic_return" in learned
     assert all(on[tag] == off[tag] for tag in learned)
+
+
+# ------------------------------------------------------------------------------------------- --rnn, --norm-value
+@pytest.mark.parametrize("cell", ["gru", "rnn"])
+def test_a_one_unit_gru_and_rnn_core_by_hand_at_a_reset(cell):
+    # One unit, every bias 0; from the features x = 0.5 weights (GRU rows r, z, n) 0.5, 1 and 2, (RNN) 2; the one-hot
+    # action and the reward weigh 1 but are zeroed where an episode starts, as is the state h = 0.7:
+    #   GRU: z = sigmoid(1 * 0.5) = 0.6224593, n = tanh(2 * 0.5 + r * 0) = 0.7615942, h' = (1 - z) n + z * 0 = 0.2875323
+    #   RNN: h' = tanh(2 * 0.5) = 0.7615942
+    # Within an episode (done 0) the GRU's action, reward and state enter: a different h'
+    core = ppo_ewma.RecurrentCore(1, ppo_ewma.gym.spaces.Discrete(2), 1, cell)
+    with torch.no_grad():
+        for param in core.parameters():
+            param.zero_()
+        weights = core.gru.weight_ih if cell == "gru" else core.rnn.weight_ih
+        weights[:, 0] = torch.tensor([0.5, 1.0, 2.0] if cell == "gru" else [2.0])
+        weights[:, 2:] = 1.0  # action 1's one-hot and the reward
+    h, state = core(torch.tensor([[0.5], [0.5]]), torch.tensor([1.0, 0.0]), torch.full((2, 1, 1), 0.7),
+                    torch.tensor([1, 1]), torch.tensor([1.0, 1.0]))
+    assert h[0].item() == pytest.approx(0.2875323 if cell == "gru" else 0.7615942, abs=1e-6)
+    assert h[1].item() != pytest.approx(h[0].item(), abs=1e-3) and state.shape == (2, 1, 1) and torch.equal(state[:, 0], h)
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
+def test_the_replay_of_a_rollout_gives_its_pi_and_values_bit_for_bit(cell):
+    # 3 envs stepped 5 times as the rollout steps them (env 1 starts an episode at step 2), then unrolled from the state
+    # stored at the start: the same numbers, bit for bit, on the rollout's shapes
+    torch.manual_seed(0)
+    envs = ppo_ewma.make_env(ppo_ewma.with_defaults(Args(env_id="CartPole-v1", num_envs=3)))
+    agent, obs, dones = ppo_ewma.Agent(envs, rnn=cell), torch.randn(5, 3, 4), torch.zeros(5, 3)
+    dones[2, 1] = 1.0
+    memory = {**agent.core.initial_memory(3), "core_state": torch.randn(3, 2 if cell == "lstm" else 1, 64)}
+    start, stepped, prev_actions, prev_rewards = memory["core_state"], [], torch.zeros(5, 3, dtype=torch.long), \
+        torch.zeros(5, 3)
+    with torch.no_grad():
+        for t in range(5):
+            prev_actions[t], prev_rewards[t] = memory["prev_action"], memory["prev_reward"]
+            pi, value, state = agent.step(obs[t], dones[t], **memory)
+            stepped.append((pi, value))
+            memory = {"core_state": state, "prev_action": pi.argmax(-1), "prev_reward": torch.randn(3)}
+        pi, value, last = agent.unroll(obs, dones, start, prev_actions, prev_rewards)
+    assert torch.equal(pi, torch.cat([p for p, _ in stepped])) and torch.equal(value, torch.cat([v for _, v in stepped]))
+    assert torch.equal(last, memory["core_state"])
+    envs.close()
+
+
+def test_the_value_normalizer_by_hand():
+    # prior: mean 0, var 1, count 1e-4. Returns [1, 3]: batch mean 2, var 1; total 2.0001, delta 2:
+    #   var = (1 * 1e-4 + 1 * 2 + 4 * 1e-4 * 2 / 2.0001) / 2.0001 = 1.0002000, mean = 2 * 2 / 2.0001 = 1.9999000
+    normalizer = ppo_ewma.ValueNormalizer()
+    normalizer.update(torch.tensor([1.0, 3.0]))
+    assert (normalizer.mean, normalizer.var) == (pytest.approx(1.9999000), pytest.approx(1.0002000, rel=1e-6))
+    # (5 - 1.9999) / (sqrt(1.0002) + 1e-8) = 3.0001 / 1.0001 = 2.9998000; and back
+    assert normalizer.normalize(torch.tensor(5.0)).item() == pytest.approx(2.9998000, rel=1e-6)
+    assert normalizer.denormalize(normalizer.normalize(torch.tensor(5.0))).item() == pytest.approx(5.0)
+
+
+def rnn_run(tmp_path, monkeypatch, **flags):
+    monkeypatch.chdir(tmp_path)
+    return ppo_ewma.train(Args(**dict(TINY_CARTPOLE, total_timesteps=3 * 64, **flags)))
+
+
+def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_on_standardized_returns(
+        tmp_path, monkeypatch):
+    seen, real_loss, real_value_loss = [], ppo_ewma.decoupled_clip_loss, ppo_ewma.value_loss
+    monkeypatch.setattr(ppo_ewma, "decoupled_clip_loss", lambda new, prox, behav, *rest: seen.append(
+        torch.equal(prox, behav)) or real_loss(new, prox, behav, *rest))
+    targets = []
+    monkeypatch.setattr(ppo_ewma, "value_loss", lambda values, returns: targets.append(returns) or real_value_loss(
+        values, returns))
+    result = rnn_run(tmp_path, monkeypatch, rnn="gru", ewma=False, norm_value=True, exp_name="no_ewma")
+    assert seen and all(seen)  # pi_prox is pi_behav: PPO's loss
+    assert abs(torch.cat(targets).mean().item()) < 1.0  # the returns, standardized (raw CartPole returns are ~10)
+    assert torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["normalizers"]["value"]["mean"] > 1.0
+
+
+def test_truncation_bootstraps_from_the_core_state_before_the_reset(tmp_path, monkeypatch):
+    # Pendulum truncates at step 200: the bootstrap's one step starts from the state the step before left, fed that
+    # step's action and reward, with done 0 (the next step starts from zero state, done 1)
+    calls, real_step = [], ppo_ewma.Agent.step
+
+    def spy(self, obs, done, core_state, prev_action, prev_reward):
+        out = real_step(self, obs, done, core_state, prev_action, prev_reward)
+        calls.append((len(obs), done.clone(), core_state.clone(), prev_action.clone(), out[2].clone(),
+                      torch.is_grad_enabled()))
+        return out
+    monkeypatch.setattr(ppo_ewma.Agent, "step", spy)
+    monkeypatch.chdir(tmp_path)
+    ppo_ewma.train(Args(env_id="Pendulum-v1", num_envs=1, num_steps=64, num_minibatches=1, update_epochs=1,
+                        total_timesteps=256, rnn="lstm", ewma=False, cuda=False, exp_name="truncated"))
+    # the acting network's no-grad steps: each rollout step, the bootstrap, and the value of the rollout's last obs.
+    # A bootstrap or last value steps from the state the step before left and leaves the memory as it was: the next
+    # step starts from that state too. At the truncation (step 200 = iteration 4's step 8) that next step starts an
+    # episode (done 1); at a rollout's end (steps 64, 128, 192) it does not
+    rollout = [call for call in calls if not call[5]]
+    (index,) = [i for i, call in enumerate(rollout[:-1]) if i > 0 and call[1].item() == 0
+                and torch.equal(call[2], rollout[i - 1][4]) and torch.equal(rollout[i + 1][2], call[2])
+                and rollout[i + 1][1].item() == 1]
+    assert torch.equal(rollout[index][3], rollout[index + 1][3])  # this step's action: the one the step before took

@@ -474,9 +474,10 @@ def full_run(rank, name, config, out_dir):
     module.train(module.Args(**config, exp_name="full"))
 
 
-@pytest.mark.parametrize("name", ["ppo_ewma", "vmpo"])
-def test_a_resumed_run_of_two_workers_logs_what_the_uninterrupted_one_logs(tmp_path, name):
-    config = dict(CONFIGS[name], total_timesteps=4 * 256)  # 4 iterations of 8 envs x 32 steps
+@pytest.mark.parametrize("name, extra", [("ppo_ewma", {}), ("ppo_ewma", {"rnn": "gru"}), ("vmpo", {})])
+def test_a_resumed_run_of_two_workers_logs_what_the_uninterrupted_one_logs(tmp_path, name, extra):
+    config = dict(CONFIGS[name], total_timesteps=4 * 256, **extra)  # 4 iterations of 8 envs x 32 steps; --rnn: each
+    # worker's memory of its envs is in its part
     run_two_workers(full_run, name, config, str(tmp_path))
     run_two_workers(resumed_run, name, config, str(tmp_path), free_port())
     (full,), (killed,) = (glob.glob(str(tmp_path / "runs" / f"*__{tag}__*")) for tag in ("full", "killed"))

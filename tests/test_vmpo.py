@@ -224,7 +224,7 @@ def test_lstm_core_zeroes_its_state_and_the_previous_action_and_reward_where_an_
     # Within an episode: g = tanh(2.5) = 0.9866143, c' = 1 + 0.4933071 = 1.4933071, h' = 0.5 tanh(c') = 0.4519657.
     # Where one starts, state, action and reward are zeroed but the features are not: g = tanh(0.5) = 0.4621172,
     # c' = 0.2310586, h' = 0.5 tanh(0.2310586) = 0.1135163.
-    core = vmpo.LSTMCore(1, gymnasium.spaces.Discrete(2), 1)
+    core = vmpo.RecurrentCore(1, gymnasium.spaces.Discrete(2), 1)
     with torch.no_grad():
         for param in core.parameters():
             param.zero_()
@@ -237,7 +237,7 @@ def test_lstm_core_zeroes_its_state_and_the_previous_action_and_reward_where_an_
 
 
 def test_the_core_starts_at_1_for_the_forget_gate_and_0_for_the_other_biases():
-    core = vmpo.LSTMCore(3, gymnasium.spaces.Box(-1.0, 1.0, (2,)), 4)
+    core = vmpo.RecurrentCore(3, gymnasium.spaces.Box(-1.0, 1.0, (2,)), 4)
     assert core.lstm.weight_ih.shape == (16, 3 + 2 + 1)  # features, the continuous action, the reward
     assert core.lstm.bias_ih.tolist() == [0.0] * 4 + [1.0] * 4 + [0.0] * 8 and not core.lstm.bias_hh.any()
 
