@@ -369,8 +369,11 @@ def train(args: Args) -> dict:
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = GradientNoiseScale() if args.noise_scale else None
-    value_normalizer = ValueNormalizer() if args.norm_value else None  # --norm-value: V's targets standardized
-    raw = value_normalizer.denormalize if args.norm_value else lambda values: values  # V's head output, in returns
+    # --norm-value, skrl's value preprocessor: the running mean and std of all returns so far (EWMA moments of decay 1),
+    # which standardize V's targets; raw(): the head's output as a return (as it is until the first update)
+    value_moments = EwmaMoments(1.0) if args.norm_value else None
+    raw = lambda v: v * (value_moments.std + 1e-8) + value_moments.mean if args.norm_value and value_moments.weight \
+        else v  # noqa: E731
     warn_about_settings(args, agent.continuous)
 
     # rollout storage
@@ -398,7 +401,7 @@ def train(args: Args) -> dict:
     memory = agent.core.initial_memory(args.num_envs, device) if args.rnn else {}
     saved = checkpoints.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                               normalizers={"reward": reward_normalizer, "advantages": adv_moments,
-                                           "noise_scale": noise_scale, "value": value_normalizer},
+                                           "noise_scale": noise_scale, "value": value_moments},
                               keys={"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     ewma_weight = run.restored("ewma_weight")  # theta_prox spans iterations: its w comes back with it
@@ -458,8 +461,8 @@ def train(args: Args) -> dict:
         b_returns, b_values = returns.reshape(-1), values.reshape(-1)
         v_targets, v_old = b_returns, b_values  # the value loss's, in the value head's units
         if args.norm_value:  # --norm-value: the statistics move to this iteration's returns (torchrun: all workers')
-            value_normalizer.update(harness.global_batch(b_returns))
-            v_targets, v_old = value_normalizer.normalize(b_returns), value_normalizer.normalize(b_values)
+            value_moments.update(harness.global_batch(b_returns))
+            v_targets, v_old = value_moments.normalize(b_returns), value_moments.normalize(b_values)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
             adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)
@@ -559,8 +562,8 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
             writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
         if args.norm_value:
-            writer.add_scalar("charts/value_normalizer_mean", value_normalizer.mean, global_step)
-            writer.add_scalar("charts/value_normalizer_std", math.sqrt(value_normalizer.var), global_step)
+            writer.add_scalar("charts/value_moments_mean", value_moments.mean, global_step)
+            writer.add_scalar("charts/value_moments_std", value_moments.std, global_step)
         if ewma_agent is not None:
             writer.add_scalar("charts/ewma_decay", ewma_decay, global_step)
             writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
@@ -844,27 +847,6 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
     as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
     clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
-
-
-class ValueNormalizer:
-    """--norm-value, skrl's value preprocessor (its RunningStandardScaler): the running mean and variance of the
-    returns, each iteration's merged in (Chan et al.'s parallel formula, as RewardNormalizer's), from a prior of mean
-    0, variance 1 and count 1e-4. normalize: (x - mean) / (sqrt(var) + 1e-8); denormalize its inverse."""
-
-    def __init__(self):
-        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
-
-    def update(self, returns):
-        n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
-        total, delta = self.count + n, batch_mean - self.mean
-        self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total
-        self.mean, self.count = self.mean + delta * n / total, total
-
-    def normalize(self, x):
-        return (x - self.mean) / (math.sqrt(self.var) + 1e-8)
-
-    def denormalize(self, x):
-        return x * (math.sqrt(self.var) + 1e-8) + self.mean
 
 
 def linear_schedule(initial, iteration, num_iterations):

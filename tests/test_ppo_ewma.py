@@ -1032,15 +1032,16 @@ def test_the_replay_of_a_rollout_gives_its_pi_and_values_bit_for_bit(cell):
     envs.close()
 
 
-def test_the_value_normalizer_by_hand():
-    # prior: mean 0, var 1, count 1e-4. Returns [1, 3]: batch mean 2, var 1; total 2.0001, delta 2:
-    #   var = (1 * 1e-4 + 1 * 2 + 4 * 1e-4 * 2 / 2.0001) / 2.0001 = 1.0002000, mean = 2 * 2 / 2.0001 = 1.9999000
-    normalizer = ppo_ewma.ValueNormalizer()
-    normalizer.update(torch.tensor([1.0, 3.0]))
-    assert (normalizer.mean, normalizer.var) == (pytest.approx(1.9999000), pytest.approx(1.0002000, rel=1e-6))
-    # (5 - 1.9999) / (sqrt(1.0002) + 1e-8) = 3.0001 / 1.0001 = 2.9998000; and back
-    assert normalizer.normalize(torch.tensor(5.0)).item() == pytest.approx(2.9998000, rel=1e-6)
-    assert normalizer.denormalize(normalizer.normalize(torch.tensor(5.0))).item() == pytest.approx(5.0)
+def test_norm_value_standardizes_by_every_return_so_far():
+    # --norm-value's statistics are EWMA moments of decay 1: plain running moments. Returns [1, 3], then [5, 7]:
+    #   first: mean 2, var 1; then mean 16/4 = 4, E[x^2] = 84/4 = 21, var 21 - 16 = 5
+    moments = EwmaMoments(1.0)
+    moments.update(torch.tensor([1.0, 3.0]))
+    assert (moments.mean, moments.std) == (pytest.approx(2.0), pytest.approx(1.0))
+    moments.update(torch.tensor([5.0, 7.0]))
+    assert (moments.mean, moments.std) == (pytest.approx(4.0), pytest.approx(math.sqrt(5.0)))
+    # a target of 6: (6 - 4) / (sqrt 5 + 1e-8) = 0.8944272
+    assert moments.normalize(torch.tensor(6.0)).item() == pytest.approx(0.8944272, rel=1e-6)
 
 
 def rnn_run(tmp_path, monkeypatch, **flags):
@@ -1059,7 +1060,8 @@ def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_o
     result = rnn_run(tmp_path, monkeypatch, rnn="gru", ewma=False, norm_value=True, exp_name="no_ewma")
     assert seen and all(seen)  # pi_prox is pi_behav: PPO's loss
     assert abs(torch.cat(targets).mean().item()) < 1.0  # the returns, standardized (raw CartPole returns are ~10)
-    assert torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["normalizers"]["value"]["mean"] > 1.0
+    value = torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["normalizers"]["value"]
+    assert value["sum"] / value["weight"] > 1.0 and value["decay"] == 1.0  # the returns' moments, kept
 
 
 def test_truncation_bootstraps_from_the_core_state_before_the_reset(tmp_path, monkeypatch):
