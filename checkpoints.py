@@ -1,16 +1,15 @@
 """Checkpoints: the one format every script writes and reads, small enough to audit alone.
 
-A checkpoint is torch.save's zip of tensors and plain data: the run's flags, its networks, optimizers and running
-statistics, the random state, the env stack's state and the step counters. What holds for one from someone else:
+A checkpoint is torch.save's zip of tensors and plain data: the run's flags, networks, optimizers and statistics,
+the random state, the env stack's state and the counters. What holds for one from someone else:
 - Loading it runs no code: torch.load(weights_only=True) builds tensors and plain data only.
-- It is read in two passes. The first (load) reads only the pickle that describes the file, after counting the
-  objects that pickle can build (PICKLE_LIMIT), and maps the tensors' bytes without reading them (mmap). The second
-  (restore_run, once the run is rebuilt from the checkpoint's flags) checks every key, type, dtype, shape, device
-  and layout against the rebuilt run's own values, then the values (finite where the run's are, settings equal to
-  the flags'), and only then copies anything: nothing read can allocate more than the rebuilt run holds.
+- It is read in two passes. The first (load_checkpoint) walks the pickle that describes the file without building it
+  (pickle_size: torch.save's opcodes and globals only, at most PICKLE_LIMIT bytes of objects), then maps the tensors'
+  bytes without reading them (mmap). The second (restore_run, once the run is rebuilt from the file's flags) checks
+  every key, type, dtype, shape, device and layout against the rebuilt run's own values, then the values, and only
+  then copies anything: nothing read can allocate more than the rebuilt run holds.
 - Any error while it is read or applied is one sentence naming the file and the key (refused()).
-- Every file is written by write_file: created exclusively under a random name in its own directory, never through
-  a link, then renamed onto its name, which replaces a link there instead of following it.
+- Every file is written by write_file: made exclusively under a random name, never through a link, then renamed.
 """
 import copy
 import dataclasses
@@ -21,6 +20,7 @@ import math
 import os
 import pickletools
 import random
+import re
 import reprlib
 import secrets
 import stat
@@ -37,6 +37,14 @@ import torch
 
 PICKLE_LIMIT = 64 * 2**20  # bytes of Python objects a checkpoint's pickle may build: some 1,000 envs' state
 PICKLE_OBJECT_BYTES = 256  # the most one pickle opcode builds (a dict, a list, a number), besides its payload
+PICKLE_DEPTH, PICKLE_DICT_ITEMS = 64, 10_000  # a checkpoint's nesting and largest dict hold far less
+PICKLE_OPCODES = set("PROTO STOP MARK EMPTY_DICT EMPTY_LIST EMPTY_TUPLE TUPLE TUPLE1 TUPLE2 TUPLE3 APPEND APPENDS "
+                     "SETITEM SETITEMS BUILD REDUCE GLOBAL BINPERSID BINGET LONG_BINGET BINPUT LONG_BINPUT BINFLOAT "
+                     "BININT BININT1 BININT2 LONG1 NONE NEWTRUE NEWFALSE BINUNICODE SHORT_BINSTRING BINSTRING".split())
+PICKLE_GLOBALS = re.compile(r"(collections OrderedDict|_codecs encode|torch \w+Storage|torch\._utils "
+                            r"_rebuild_tensor_v2)$")
+STRING_LIMIT = 4096  # characters of a string flag: a path's longest on Linux
+FLOAT_BOUND = 1e30  # a finite number read from a file, beyond which a run's arithmetic overflows
 KEYS = {"args": dict, "models": dict, "optimizers": dict, "normalizers": dict, "rng": dict, "env": dict,
         "global_step": int, "iteration": int, "num_iterations": int, "episode_returns": list}  # every checkpoint's
 OPTIONAL_KEYS = {"script": str, "wandb_run_id": str, "workers": list}  # older checkpoints lack "script"; W&B runs
@@ -55,9 +63,8 @@ NUMPY_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, t
 
 @dataclass
 class Saved:
-    """The script's objects that a checkpoint holds, each {name: object}; None entries are left out. keys: the script's
-    own values, {name: the value this run starts from}, which a resumed run takes from the checkpoint (run.restored).
-    The checkpoint also holds the env stack's own state and statistics and the random state."""
+    """The script's objects that a checkpoint holds, each {name: object}, None entries left out; keys: the script's own
+    values, {name: this run's start value}, a resumed run's from the checkpoint (run.restored)."""
 
     models: dict  # modules (their state dicts)
     optimizers: dict  # optimizers (their state dicts)
@@ -72,28 +79,21 @@ class Saved:
 # ------------------------------------------------------------------------------------------------------- writing
 def write_file(path: str, write) -> None:
     """write(file) into a file made exclusively (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name in path's own
-    directory, synced, then renamed onto path: a crash never leaves a torn file, a link at path is replaced, never
-    followed, and no name can be planted in advance. A full disk, or a directory in the way, is one sentence; the
-    file path held before is kept and the temporary one removed. A run directory has one writer (its lock), so the
-    temporary files of a writer that was killed mid-write are removed."""
+    directory, synced, then renamed onto path: never a torn file, a link at path replaced, not followed, no name
+    planted in advance. A full disk, or a directory in the way, is one sentence, path's file kept. A run directory has
+    one writer (its lock), so the temporary files of a writer killed mid-write are removed."""
     directory, name = os.path.split(path)
-    while True:
-        tmp_path = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
-        try:
-            fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
-            break
-        except FileExistsError:
-            continue
-        except OSError as error:
-            raise SystemExit(f"{path} cannot be written: {error.strerror}.") from None
+    tmp_path = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")  # 64 random bits: never planted
+    try:
+        fd = os.open(tmp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o666)
+    except OSError as error:
+        raise SystemExit(f"{path} cannot be written: {error.strerror}.") from None
     try:
         with os.fdopen(fd, "wb") as file:
             write(file)
             file.flush()
             os.fsync(file.fileno())
         os.replace(tmp_path, path)
-        for stale in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.*.tmp")):
-            os.remove(stale)
     except (OSError, RuntimeError) as error:  # torch.save says a full disk as a RuntimeError
         os.remove(tmp_path)
         full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error) or "failed writing" in \
@@ -104,6 +104,9 @@ def write_file(path: str, write) -> None:
     except BaseException:
         os.remove(tmp_path)
         raise
+    for stale in glob.glob(os.path.join(glob.escape(directory or "."), f".{glob.escape(name)}.*.tmp")):
+        if stat.S_ISREG(os.lstat(stale).st_mode):
+            os.remove(stale)
 
 
 def save_checkpoint(path: str, checkpoint: dict) -> None:
@@ -112,8 +115,8 @@ def save_checkpoint(path: str, checkpoint: dict) -> None:
 
 
 def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
-    """The one format, tensors and plain data only: Args, `saved`'s states, the env stack's normalizers, the random
-    state, the envs (env_state), and `keys` (global_step, iteration, ..., and a script's own)."""
+    """The one format, tensors and plain data only: Args, `saved`'s states, the env stack's normalizers and state
+    (env_state), the random state, and `keys` (global_step, iteration, ..., and a script's own)."""
     return {
         "args": dataclasses.asdict(args),
         "models": {name: model.state_dict() for name, model in saved.models.items()},
@@ -127,8 +130,7 @@ def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> di
 
 
 def worker_part(checkpoint: dict) -> dict:
-    """What a torchrun worker's checkpoint holds of its own (its envs, random state, statistics and the script's
-    keys), on the CPU: rank 0's file keeps each other worker's under "workers"."""
+    """A torchrun worker's own part of a checkpoint (envs, random state, statistics, keys), which rank 0 keeps."""
     return {key: copied(value) for key, value in checkpoint.items() if key not in SHARED_KEYS}
 
 
@@ -145,10 +147,11 @@ def worker_view(checkpoint: dict, rank: int, source: str) -> dict:
 # ------------------------------------------------------------------------------------------------------- reading
 def load_checkpoint(path: str, flag: str, script) -> dict:
     """The first pass: the checkpoint at path as a dict whose tensors are mapped, not read. Refused in one sentence
-    naming `flag` and path: anything but a regular zip of stored entries, a pickle that would build more than
-    PICKLE_LIMIT bytes of objects, a file torch.load (weights_only) cannot read, another script's checkpoint, a key
-    that neither every checkpoint nor the script (its .checkpoint_keys) has, a flag its Args does not have."""
+    naming `flag` and path: anything but a regular zip of stored entries whose pickle pickle_size passes, another
+    script's checkpoint, a key neither every checkpoint nor the script (.checkpoint_keys) has, a flag Args lacks."""
     source, script_name, args_type = f"{flag} {path}", script.name, script.args_type
+    if not path.isprintable():  # it is printed, and names the run directory of --eval-checkpoint
+        raise SystemExit(f"{flag} {reprlib.repr(path)} holds characters that do not print: rename it.")
     try:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise SystemExit(f"{source}: no such file." if not os.path.exists(path) else f"{source} is not a file.")
@@ -159,18 +162,23 @@ def load_checkpoint(path: str, flag: str, script) -> dict:
     try:
         with zipfile.ZipFile(path) as archive:
             entries, size = archive.infolist(), os.path.getsize(path)
-            if any(entry.compress_type != zipfile.ZIP_STORED for entry in entries):
-                raise SystemExit(f"{source} holds compressed data, which torch.save never writes: it is not a "
-                                 f"checkpoint.")
+            if any(entry.compress_type != zipfile.ZIP_STORED or entry.flag_bits & 0x61 for entry in entries):
+                raise SystemExit(f"{source} holds compressed or encrypted data, which torch.save never writes: it is "
+                                 f"not a checkpoint.")
             if any(entry.header_offset + entry.file_size > size for entry in entries):
                 raise SystemExit(f"{source} is truncated: its entries run past its end.")
-            pickles = [entry for entry in entries if entry.filename.endswith("/data.pkl")]
-            if len(pickles) != 1:
-                raise SystemExit(f"{source} is not a checkpoint (torch.save writes one data.pkl).")
-            with archive.open(pickles[0]) as pickle:
+            names = [entry.filename for entry in entries]  # torch finds its records without regard to case
+            prefix = names[0].split("/")[0] if names else ""
+            if f"{prefix}/data.pkl" not in names or len({name.lower() for name in names}) < len(names) or any(
+                    not name.startswith(prefix + "/") for name in names):
+                raise SystemExit(f"{source} is not a checkpoint (torch.save writes one data.pkl, under one folder).")
+            with archive.open(f"{prefix}/data.pkl") as pickle:
                 built = pickle_size(pickle)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as error:
-        raise SystemExit(f"{source} cannot be read as a checkpoint ({type(error).__name__}).") from None
+    except SystemExit:
+        raise
+    except Exception as error:  # what pickle_size refused said in its words
+        raise SystemExit(f"{source} cannot be read as a checkpoint ({type(error).__name__}: "
+                         f"{repr(str(error)[:200])[1:-1]}).") from None
     if built > PICKLE_LIMIT:
         raise SystemExit(f"{source} would build more than {PICKLE_LIMIT // 2**20} MiB of Python objects as it is read "
                          f"(a run's checkpoint holds far less): it is not a checkpoint of this project.")
@@ -187,7 +195,8 @@ def load_checkpoint(path: str, flag: str, script) -> dict:
     field_names = {field.name for field in dataclasses.fields(args_type)}
     if not (isinstance(checkpoint, dict) and all(isinstance(checkpoint.get(key), kind) for key, kind in KEYS.items())
             and all(isinstance(checkpoint[key], known[key]) for key in checkpoint if key in known)
-            and all(type(checkpoint[key]) is int for key in ("global_step", "iteration", "num_iterations"))
+            and all(type(checkpoint[key]) is int and 0 <= checkpoint[key] <= 2**53
+                    for key in ("global_step", "iteration", "num_iterations"))
             and all(isinstance(key, str) for key in checkpoint["args"]) and set(checkpoint["args"]) <= field_names):
         raise SystemExit(f"{source} is not a {script_name} checkpoint.")
     unknown = sorted(set(checkpoint) - set(known), key=repr)
@@ -197,33 +206,55 @@ def load_checkpoint(path: str, flag: str, script) -> dict:
 
 
 def pickle_size(file) -> int:
-    """An upper bound on the bytes of Python objects that unpickling `file` builds, counted opcode by opcode without
-    building any: each opcode makes at most one object, of at most PICKLE_OBJECT_BYTES plus its payload (a string's
-    or bytes' length). Counting stops once PICKLE_LIMIT is passed."""
-    total = 0
-    for _, arg, _ in pickletools.genops(file):
+    """An upper bound on the bytes of objects that unpickling `file` builds, counted opcode by opcode, building none:
+    each makes at most one, of PICKLE_OBJECT_BYTES plus its payload (a string's length), until PICKLE_LIMIT. ValueError
+    for what torch.save never writes: other opcodes or globals, ints beyond 128 bits (PCG64's state), nesting deeper
+    than PICKLE_DEPTH (its stack followed) or a dict of more than PICKLE_DICT_ITEMS items (a hash flood)."""
+    total, stack, memo, mark = 0, [], {}, pickletools.markobject
+    for op, arg, _ in pickletools.genops(file):
         total += PICKLE_OBJECT_BYTES + (len(arg) if isinstance(arg, (str, bytes, bytearray)) else 0)
         if total > PICKLE_LIMIT:
             break
+        if op.name not in PICKLE_OPCODES or op.name == "GLOBAL" and not PICKLE_GLOBALS.match(arg) or \
+                op.name == "LONG1" and arg.bit_length() > 128:
+            raise ValueError(f"{op.name} {arg!r:.100}")
+        before, popped = list(op.stack_before), []
+        if mark in before:  # down to the mark, then what lies under it
+            while stack and stack[-1] is not mark:
+                popped.append(stack.pop())
+            stack.pop() if stack else None
+            before = before[:before.index(mark)]
+        popped += [stack.pop() if stack else (0, 0) for _ in before]  # (depth, items) of each object
+        if op.name in ("APPEND", "APPENDS", "SETITEM", "SETITEMS", "BUILD"):  # into the bottom one, in place
+            (depth, items), added = popped[-1], popped[:-1]
+            entry = max(depth, 1 + max((d for d, _ in added), default=0)), items + len(added)
+        else:
+            entry = (1 + max(d for d, _ in popped), len(popped)) if popped else memo.get(arg, (0, 0)) if \
+                op.name.endswith("GET") else (0, 0)
+        if entry[0] > PICKLE_DEPTH or op.name.startswith("SETITEM") and entry[1] > 2 * PICKLE_DICT_ITEMS:
+            raise ValueError("nesting or a dict beyond any checkpoint's")
+        if op.name.endswith("PUT") and stack:
+            memo[arg] = stack[-1]
+        stack += [mark if kind is mark else entry for kind in op.stack_after]
     return total
 
 
 def fits(value, annotation) -> bool:
-    """Whether `value` has a type that a flag annotated `annotation` takes from a command line (no control
-    characters in a string, no bool for an int)."""
+    """Whether `value` has a type that a flag annotated `annotation` takes from a command line (no bool for an int),
+    and a size one takes: an int within 2**53, a string of printable characters, at most STRING_LIMIT."""
     if typing.get_origin(annotation) is typing.Union:
         return any(fits(value, option) for option in typing.get_args(annotation))
     if typing.get_origin(annotation) is typing.Literal:
         return any(type(value) is type(option) and value == option for option in typing.get_args(annotation))
-    if annotation is float:
-        return type(value) in (int, float) and math.isfinite(value)
-    return type(value) is annotation and (not isinstance(value, str) or value.isprintable())
+    if type(value) is int and annotation in (int, float) or type(value) is float is annotation:
+        return abs(value) <= (2**53 if type(value) is int else math.inf)  # not nan: the ranges say where inf is
+    return type(value) is annotation and (not isinstance(value, str) or len(value) <= STRING_LIMIT
+                                          and value.isprintable())
 
 
 def checkpoint_args(checkpoint, script, source: str):
-    """The Args a checkpoint's run trained with, each of the type its flag takes from a command line (the caller
-    checks the ranges): a flag added since it was written takes the script's missing_flags value (what the run did
-    before the flag existed), else its default."""
+    """The Args a checkpoint's run trained with, each fits() its flag (the caller checks the ranges); a flag added
+    since takes the script's missing_flags value (what runs did before it existed), else its default."""
     args_type = script.args_type
     values, hints = {**script.missing_flags, **checkpoint["args"]}, typing.get_type_hints(args_type)
     for name, value in values.items():
@@ -236,12 +267,11 @@ def checkpoint_args(checkpoint, script, source: str):
 # ------------------------------------------------------------------------------------------------------ checking
 def restored(data, like):
     """`data` read from a checkpoint, checked to hold what the rebuilt run holds in its place, `like`: a tensor (not a
-    subclass such as a Parameter) of like's dtype and shape, on the CPU, strided, finite where like is (an array: as a
-    tensor); a number of like's type (None: any finite number, or None), finite where like is; a str equal to like's;
-    a list or tuple of like's length and a dict of like's keys, item by item, its settings (SETTINGS) equal to like's
-    and its statistics (NONNEGATIVE) not negative; a deque as a list of at most its maxlen items, each like its first.
-    Tensors come back unread (mapped from the file: copied() copies them, without any gradient flag); nothing is
-    walked deeper than like. ValueError says what does not fit."""
+    subclass) of like's dtype and shape, on the CPU, strided, finite where like is (an array: as a tensor); a number
+    of like's type (None: any number, or None), within FLOAT_BOUND where like is finite; a str equal to like's; a list
+    or tuple of like's length and a dict of like's keys, item by item, its SETTINGS equal to like's, its NONNEGATIVE
+    not negative; a deque as a list of at most its maxlen items, each like its first. Tensors come back unread
+    (copied() copies them); nothing is walked deeper than like. ValueError says what does not fit."""
     if isinstance(like, np.random.Generator):  # its bit generator's state dict; NumPy checks the values
         generator = np.random.Generator(type(like.bit_generator)())
         try:
@@ -275,9 +305,9 @@ def restored(data, like):
             expected = "a number" if like is None else f"a {type(like).__name__}"
             raise ValueError(f"is a {type(data).__name__}, not {expected}")
         finite = like is None or type(like) is float and math.isfinite(like)  # where the run's own value is
-        if finite and not math.isfinite(float(data) if abs(data) < 2**1000 else math.inf):
-            raise ValueError("is nan or inf")
-        return data
+        if finite and not abs(data) <= FLOAT_BOUND:  # nan and inf included
+            raise ValueError(f"is {reprlib.repr(data)}, beyond any run's (nan, inf or over {FLOAT_BOUND:g})")
+        return float(data) if type(like) is float else data
     if isinstance(like, str):
         if data != like:
             raise ValueError(f"is {reprlib.repr(data)}, not {like!r}")
@@ -297,16 +327,13 @@ def restored(data, like):
             raise ValueError(f"does not hold the keys {reprlib.repr(sorted(like, key=repr))}")
         values = {key: restored_item(data, like, key) for key in like}
         for key, value in values.items():
-            if key in SETTINGS and not equal(value, like[key]):
+            if key in SETTINGS and not (torch.equal(value, like[key]) if torch.is_tensor(value) else
+                                        value == like[key]):
                 raise ValueError(f"[{key!r}] is {reprlib.repr(value)}, where these flags set {like[key]!r}")
             if key in NONNEGATIVE and bool((torch.as_tensor(value) < 0).any()):
                 raise ValueError(f"[{key!r}] is negative")
         return values
     raise ValueError(f"holds a {type(like).__name__}, which a checkpoint does not set")
-
-
-def equal(value, like) -> bool:
-    return bool(torch.equal(value, like)) if isinstance(like, torch.Tensor) else value == like
 
 
 def restored_item(data, like, key):
@@ -360,15 +387,14 @@ def copied(value, device="cpu"):
 # -------------------------------------------------------------------------------------------------- restoring
 def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done, source: str, batch_size: int,
                 num_iterations: int) -> tuple:
-    """The second pass: every part of the checkpoint checked against the rebuilt run (its networks, optimizers,
-    normalizers, envs, random state, counters and the script's keys) before any is applied; then applied. Returns
-    (global_step, first iteration, next_obs, next_done, {the script's keys}). Gymnasium envs continue exactly; envs
-    whose state is not data (Procgen's) restart, keeping their statistics."""
+    """The second pass: every part (networks, optimizers, normalizers, envs, random state, counters, the script's
+    keys) checked against the rebuilt run, then applied: (global_step, first iteration, next_obs, next_done, keys).
+    Gymnasium envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their statistics."""
     extra = sorted(set(checkpoint) - set(KEYS) - set(OPTIONAL_KEYS) - set(saved.keys))
     if extra:  # a key of the script's that this run does not keep (e.g. --lstm's memory in a feed-forward run)
         raise SystemExit(f"{source}: it holds {extra[0]}, which a run with these flags does not: it is not this run's.")
     iteration, global_step = check_counters(checkpoint, source, batch_size, num_iterations)
-    models = {name: checked(checkpoint["models"].get(name), own_state(model), name, source)
+    models = {name: checked(checkpoint["models"].get(name), model.state_dict(), name, source)
               for name, model in saved.models.items()}
     optimizers = {name: checked_optimizer(optimizer, checkpoint["optimizers"].get(name), name, source)
                   for name, optimizer in saved.optimizers.items()}
@@ -386,12 +412,9 @@ def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done, source: str
         next_obs = checked(saved_env.get("next_obs"), next_obs, "next_obs", source)
         next_done = checked(saved_env.get("next_done"), next_done, "next_done", source)
     # every part fits: apply them
-    for name, model in saved.models.items():
+    for name, part in {**saved.models, **saved.optimizers}.items():  # (every script names them apart)
         with refused(name, source):
-            model.load_state_dict(copied(models[name]))
-    for name, optimizer in saved.optimizers.items():
-        with refused(name, source):
-            optimizer.load_state_dict(copied(optimizers[name]))
+            part.load_state_dict(copied({**models, **optimizers}[name]))
     for name, normalizer in saved.normalizers.items():
         vars(normalizer).update(copied(normalizers.get(name, {})))
     if restarts is None:
@@ -408,8 +431,7 @@ def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done, source: str
 
 
 def check_counters(checkpoint, source: str, batch_size: int, num_iterations: int) -> tuple:
-    """(iteration, global_step) of a checkpoint once they fit the run: an iteration of the run's that did not end it,
-    batch_size env steps each. Checked before anything is logged at those steps."""
+    """A checkpoint's (iteration, global_step) once they fit the run: an iteration before its last, batch_size each."""
     with refused("iteration", source):
         iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
         if not 0 <= iteration < num_iterations:
@@ -419,22 +441,16 @@ def check_counters(checkpoint, source: str, batch_size: int, num_iterations: int
     return iteration, global_step
 
 
-def own_state(module) -> dict:
-    return {key: tensor.detach() for key, tensor in module.state_dict().items()}
-
-
 def load_weights(module, models, name: str, source: str = "The checkpoint") -> None:
-    """Load the state dict `name` of a checkpoint's models into `module`, once each of its tensors has the name,
-    shape and dtype of the module's own, and is finite; one sentence otherwise, before anything is copied."""
-    state = checked(models.get(name) if isinstance(models, dict) else None, own_state(module), name, source)
+    """Load a checkpoint's models[name] into `module` once restored() passes it; one sentence otherwise."""
+    state = checked(models.get(name) if isinstance(models, dict) else None, module.state_dict(), name, source)
     module.load_state_dict(copied(state))
 
 
 def checked_optimizer(optimizer, state, name: str, source: str) -> dict:
-    """An optimizer's saved state once it fits this run's: the same groups of the same parameters with the settings
-    these flags give (the step size may have moved: finite, not negative), and for each parameter Adam's state, its
-    step count and moments of the parameter's shape, finite (the second moment not negative). How the step runs
-    (foreach, fused, ...: the same numbers) is this run's own choice, not the checkpoint's."""
+    """An optimizer's saved state once it fits this run's: the same groups of the same parameters with these flags'
+    settings (the step size may have moved: not negative), each parameter's Adam state (step count, moments of its
+    shape, finite, the second not negative). How the step runs (foreach, fused: the same numbers) is this run's."""
     own = optimizer.state_dict()
     with refused(name, source):
         if not (isinstance(state, dict) and sorted(state, key=repr) == ["param_groups", "state"]
@@ -488,11 +504,7 @@ def checked_rng(rng, source: str) -> dict:
         if not isinstance(rng, dict):
             raise ValueError("is not a random state")
         own = rng_state()
-        numpy_state = rng.get("numpy")
-        if not (isinstance(numpy_state, (list, tuple)) and len(numpy_state) == 5):
-            raise ValueError("['numpy'] is not NumPy's random state")
-        state = {"python": restored_item(rng, own, "python"), "torch": restored_item(rng, own, "torch"),
-                 "numpy": restored_item({"numpy": list(numpy_state)}, {"numpy": list(own["numpy"])}, "numpy")}
+        state = {key: restored_item(rng, own, key) for key in ("python", "numpy", "torch")}
         random.Random().setstate(state["python"])
         np.random.RandomState().set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32),
                                            *state["numpy"][2:]))
@@ -536,8 +548,7 @@ def normalizer_states(envs) -> dict:
 
 
 def checked_normalizers(envs, states, source: str) -> dict:
-    """The saved statistics of the env stack's normalizers that the checkpoint holds, each checked against the
-    rebuilt one's (float32 or float64: a mean is float64 once it has been updated)."""
+    """The env stack's saved statistics, each restored() against the rebuilt one's (a mean: float32, 64 once used)."""
     found = {}
     for name, (_, rms) in env_normalizers(envs).items():
         if name in states:
@@ -574,9 +585,8 @@ NOT_SAVED_LAYERS = (gym.wrappers.vector.RecordVideo,)  # the run's own recording
 
 def to_data(value):
     """value as data that torch.load(weights_only=True) reads: numbers, strings and None as they are, NumPy arrays and
-    scalars as tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict, and a
-    MuJoCo MjData as its integration state (time, positions, velocities, activations, controls, forces, warm start).
-    TypeError for anything else."""
+    scalars as tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict, a
+    MuJoCo MjData as its integration state (time, qpos, qvel, act, controls, forces, warm start); else TypeError."""
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf":  # first: np.float64 is a float
         return torch.from_numpy(np.array(value))  # a copy
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -617,8 +627,7 @@ def env_layers(envs) -> list:
 
 
 def env_state(envs) -> dict:
-    """The env stack's state as data, {"layers": [{"class": name, "state": {attribute: data}}]}, or why it cannot be
-    written as data, {"restarts": reason}."""
+    """The env stack's state as data, {"layers": [{"class": name, "state": {attribute: data}}]}; or {"restarts": why}"""
     if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
         return {"restarts": f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"}
     try:
@@ -629,9 +638,8 @@ def env_state(envs) -> dict:
 
 
 def env_state_updates(envs, saved) -> tuple:
-    """env_state's data checked against a rebuilt stack, each listed attribute as restored() checks it against the
-    rebuilt one's (settings equal to the flags'): ([(layer, attribute, value)], None), or ([], why the envs restart
-    instead, in this module's words: no text of the checkpoint's is printed)."""
+    """env_state's data, each attribute restored() against the rebuilt stack's (settings equal): ([(layer, attribute,
+    value)], None), or ([], why the envs restart instead, in this module's words: no text of the checkpoint's)."""
     if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
         return [], f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"
     if isinstance(saved, bytes):  # written before checkpoints held only data
@@ -669,10 +677,9 @@ def apply_env_state(updates) -> None:
 
 
 def probe_env_state(envs, saved) -> Optional[str]:
-    """Why a saved env state that passed every check still cannot run, tried on a copy of the rebuilt stack: put
-    into the copy, which then steps once and closes (an env told it was never reset, or holding a screen it never
-    opened, fails here, not in the middle of the run); None if it runs. The random state is put back after. A stack
-    that cannot be copied is not tried."""
+    """Why a saved env state that passed every check still cannot run (an env told it was never reset, a screen it
+    never opened), tried on a copy of the rebuilt stack that steps once and closes; None if it runs, or if the stack
+    cannot be copied. The random state is put back after."""
     rng = rng_state()
     try:
         probe = copy.deepcopy(envs)

@@ -54,7 +54,7 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)",
     "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)",
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
-OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every")  # --resume always takes these from its command line
+OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every", "capture_video")  # --resume: the command line's
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data goes: the command line's, never a file's
 NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
 ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
@@ -91,8 +91,9 @@ class RunArgs:
     """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
     default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --save-model and
-    --checkpoint-every are taken from this command line); a finished run's checkpoint gives its model.pt"""
+    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --bf16, --save-model,
+    --checkpoint-every, --capture-video and --track's are taken from this command line); a finished run's checkpoint
+    gives its model.pt"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -164,10 +165,8 @@ class Script:
 
 
 # -------------------------------------------------------------------------- envs, a run's share of tensors
-PROCGEN_GAMES = (
-    "bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot",
-    "heist", "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot",
-)
+PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coinrun", "dodgeball", "fruitbot", "heist",
+                 "jumper", "leaper", "maze", "miner", "ninja", "plunder", "starpilot")
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
@@ -194,8 +193,7 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         obs, rewards, dones, _ = self.venv.step(np.asarray(actions))
         return obs["rgb"], rewards.astype(np.float64), dones, np.zeros_like(dones), {}
 
-    def render(self):
-        """The 64x64 frames the agent sees, one per env (for video)."""
+    def render(self):  # the 64x64 frames the agent sees, one per env (for video)
         return list(self.venv.env.observe()[1]["rgb"])
 
     def close(self):
@@ -216,9 +214,8 @@ def is_image(space) -> bool:
 
 def vector_observations(env: gym.Env, images: bool = True) -> gym.Env:
     """The sub-env with observations an MLP takes: a Box of more than one dimension, or a Dict or Tuple of Boxes,
-    flattened by Gymnasium's FlattenObservation (a Dict's entries in the sorted order of its keys, in which
-    gym.spaces.Dict keeps them, a Tuple's in order, each Box row-major), and integer ones cast to float32. 64x64x3
-    images stay as they are where the script takes images (the IMPALA CNN's); a 1-D float Box gets no wrapper."""
+    flattened by FlattenObservation (a Dict's entries in its keys' sorted order, a Tuple's in order, each Box
+    row-major), integers cast to float32; 64x64x3 images kept where the script takes them (the IMPALA CNN's)."""
     space = env.observation_space
     if images and is_image(space):
         return env
@@ -254,9 +251,8 @@ def obs_dtype(envs) -> torch.dtype:
 
 
 def actor(sample: Callable, envs, device, memory: bool = False) -> Callable:
-    """(obs, the previous step's reward and done) (numpy) -> env actions for evaluation: `sample` (a tensor of
-    observations -> a tensor of sampled actions; with `memory`, a recurrent policy's, also of the previous step's
-    reward and done as float32 tensors) without gradient, Box actions clipped to their bounds as in training."""
+    """act(obs, the last step's reward and done) (numpy) -> env actions for evaluation: sample(obs[, reward, done] with
+    `memory`, as float32 tensors) without gradient, Box actions clipped to their bounds as in training."""
     space, dtype = envs.single_action_space, obs_dtype(envs)
 
     @torch.no_grad()
@@ -293,10 +289,9 @@ def run_flags(args, script: Script) -> tuple:
 
 
 def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
-    """Everything between the flags and the algorithm's first line, up to the envs, which the script makes next: the
-    torchrun workers, the checks of the run's Args (before any work and before a run directory exists), seeds and
-    device. args: the hyperparameters the run trains with (num_envs: the total over all workers); flags: run_flags'
-    flags they were made from, which checkpoints keep (default: args). Then run.open(envs)."""
+    """Everything from the flags up to the envs, which the script makes next (run.open): the torchrun workers, the
+    checks of the run's Args (before any work and any run directory), seeds and device. args: the hyperparameters
+    (num_envs: the total over all workers); flags: run_flags' flags they came from, which checkpoints keep."""
     flags = args if flags is None else flags
     world_size = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's; before the workers join
     if checkpoint is not None:  # a checkpoint holds the envs, RNG and statistics of as many workers as wrote it
@@ -317,10 +312,8 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
 
 
 def start_tracking(args, run_dir: str, run_id=None) -> str:
-    """--track: a W&B run (its id returned, for checkpoints) that syncs the TensorBoard scalars, with the flags as its
-    config; run_id (a resumed run's, checked by resume_from) continues that W&B run. W&B's history only grows: the
-    steps that a resume replays (logged after the last checkpoint by the run that stopped) appear twice there, where
-    TensorBoard keeps only the resumed run's."""
+    """--track: a W&B run syncing the TensorBoard scalars, the flags its config; its id returned (for checkpoints);
+    run_id continues a resumed one. Steps a resume replays appear twice in W&B's history, once in TensorBoard's."""
     import wandb
 
     try:
@@ -356,24 +349,19 @@ def duration(seconds: float) -> str:
 
 def saves_note(args) -> str:
     every = args.checkpoint_every
-    if every == 0:
-        checkpoints = "no checkpoint.pt"
-    else:
-        cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
-        checkpoints = f"checkpoint.pt {cadence} and at the end"
-    return checkpoints + (", model.pt at the end" if args.save_model else "")
+    cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
+    return ("no checkpoint.pt" if every == 0 else f"checkpoint.pt {cadence} and at the end") + (
+        ", model.pt at the end" if args.save_model else "")
 
 
 class Run:
-    """A run in progress and the hooks train() calls. command_args: the flags of the command line or --resume, kept
-    in checkpoints; hyperparameters: the Args the run trains with (num_envs the total over all workers); args: this
-    process's share of them (a torchrun worker's envs and seed)."""
+    """A run in progress and the hooks train() calls. command_args: the flags (command line or --resume), which
+    checkpoints keep; hyperparameters: the Args it trains with; args: this process's share (a torchrun worker's)."""
 
     def __init__(self, script, command_args, hyperparameters, args, checkpoint, rank, world_size, device, device_note,
                  num_iterations):
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
-        self.hyperparameters = hyperparameters
-        self.num_iterations, self.device_note = num_iterations, device_note
+        self.hyperparameters, self.num_iterations, self.device_note = hyperparameters, num_iterations, device_note
         self.rank, self.world_size, self.device = rank, world_size, device
         self.envs, self.run_dir, self.writer, self.lock = None, None, NoWriter(), None
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
@@ -414,8 +402,7 @@ class Run:
                                                else None)
         if self.rank == 0:  # torchrun: only rank 0 logs
             self.writer = open_writer(self.run_dir, args, checkpoint)
-        print_startup(script, args.env_id, self.device_note, self.run_dir,
-                      dict(lines, saves=saves_note(flags)))
+        print_startup(script, args.env_id, self.device_note, self.run_dir, dict(lines, saves=saves_note(flags)))
         suggest_recipe(self.hyperparameters, script)
         before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
         changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
@@ -431,8 +418,7 @@ class Run:
 
     def restore(self, saved, next_obs, next_done) -> tuple:
         """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
-        first (checkpoints.restore_run). Returns (global_step, first iteration to run, next_obs, next_done); the
-        script's own keys come back from run.restored(key)."""
+        first (checkpoints.restore_run): (global_step, first iteration, next_obs, next_done); keys: run.restored."""
         assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
         self.saved, global_step, first_iteration = saved, 0, 1
         if self.checkpoint is not None:
@@ -454,14 +440,21 @@ class Run:
         self.last_returns = list(self.episode_returns)  # the progress line's
         return global_step, first_iteration, next_obs, next_done
 
-    def restored(self, key: str):
-        """A script's own value (one of Saved.keys, e.g. the EWMA's weight): the checkpoint's, checked against the
-        value the run starts from, in a run that resumes; that value otherwise."""
-        return self.keys.get(key, self.saved.keys[key])
+    def restored(self, key: str, valid=lambda value: True, meaning: str = ""):
+        """A script's own value (one of Saved.keys): the run's start value, or in a resumed run the checkpoint's,
+        checked against it and by valid(value) (what no run holds, e.g. an EWMA weight below 1, is `meaning`)."""
+        value = self.keys.get(key, self.saved.keys[key])
+        if key in self.keys and not valid(value):
+            self.refuse(f"its {key} {meaning}, which no run's does")
+        return value
+
+    def refuse(self, reason: str):
+        """Stop, in one sentence and before any training, a resume from a checkpoint that no run writes."""
+        self.release()
+        raise SystemExit(f"--resume {self.command_args.resume}: {reason}: it is not this run's.")
 
     def after_step(self, global_step: int, info: dict) -> None:
-        """After each vector env step: note the episodes that ended (RecordEpisodeStatistics' raw score) and move
-        the progress bar."""
+        """After each vector env step: note the episodes that ended (their raw score), move the progress bar."""
         if "episode" in info:  # the last 100 returns change only where an episode ends
             for i in np.flatnonzero(info["_episode"]):
                 self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
@@ -482,9 +475,8 @@ class Run:
         self.progress.set_status(f"updating: {what}")
 
     def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
-        """After each iteration: log SPS; where `can_checkpoint` (a safe point), write checkpoint.pt when it is due
-        (the last iteration, --checkpoint-every iterations or CHECKPOINT_MINUTES since the last, a stop request),
-        and stop the run if a signal asked for it. extra: the script's checkpoint keys."""
+        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write checkpoint.pt when
+        due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: the keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
         every = self.command_args.eval_every
@@ -512,9 +504,8 @@ class Run:
             self.stop(iteration, global_step)
 
     def play_episodes(self):
-        """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), with
-        the training envs' observation statistics frozen; the random state is put back, so the run learns the same.
-        None if a signal stopped it."""
+        """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), the
+        training envs' observation statistics frozen, the random state put back after; None if a signal stopped it."""
         rng, num_episodes, seed = checkpoints.rng_state(), self.command_args.eval_episodes, \
             self.args.seed + EVAL_SEED_OFFSET
         if self.eval_envs is None:
@@ -623,9 +614,8 @@ def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
 # ----------------------------------------------------------------------------- resume: flags and run directory
 def resume_from(args, script: Script) -> tuple:
     """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint);
-    without it (args, None). A finished run's checkpoint gives its model.pt and nothing else. The run writes into the
-    checkpoint's directory, so a directory that holds a newer checkpoint.pt or a finished run's model.pt, or any link
-    (through which a write would land elsewhere), is refused."""
+    without it (args, None). A finished run's checkpoint gives its model.pt only. The run writes into the checkpoint's
+    directory: one that holds a newer checkpoint.pt, a finished run's model.pt or a link is refused."""
     if args.resume is None:
         return args, None
     given = given_flags(args, script)
@@ -654,8 +644,10 @@ def resume_from(args, script: Script) -> tuple:
             raise SystemExit(f"{done}; there is nothing to continue.")
         model_path = os.path.join(run_dir, "model.pt")
         if not os.path.exists(model_path) and os.environ.get("RANK", "0") == "0":  # the last checkpoint is the final
+            lock = lock_run_dir(run_dir)  # model: written as a run would write it, by the directory's one writer
             with open(args.resume, "rb") as original:
                 checkpoints.write_file(model_path, lambda file: shutil.copyfileobj(original, file))
+            os.close(LOCKS_HELD.pop(os.path.realpath(os.path.join(run_dir, "run.lock")), lock))
         print(f"{done}; its final model is {model_path}.")
         raise SystemExit(0)
     newest, model = os.path.join(run_dir, "checkpoint.pt"), os.path.join(run_dir, "model.pt")
@@ -668,28 +660,36 @@ def resume_from(args, script: Script) -> tuple:
 
 
 def check_run_dir(run_dir: str, source: str) -> None:
-    """A run directory this project made holds directories and regular files only: one with a link (a write through
-    it would land outside), or anything else, is refused, as is one that cannot be written."""
-    for folder, names, files in os.walk(run_dir):
-        for name in names + files:
-            path = os.path.join(folder, name)
-            mode = os.lstat(path).st_mode
-            if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-                what = "a link" if stat.S_ISLNK(mode) else "a special file"
-                raise SystemExit(f"{source}: its directory holds {what}, {path}, which no run makes: the resumed run "
-                                 f"would write through it; resume a copy of the checkpoint in a directory of its own.")
-    for name in ("model.pt", "checkpoint.pt", "run.lock"):  # what the run will write, in the way
-        if os.path.isdir(os.path.join(run_dir, name)):
-            raise SystemExit(f"{source}: its directory holds a directory named {name}, which the run writes as a "
-                             f"file.")
+    """A run directory this project made holds directories and regular files of one name each: one that is a link,
+    holds a link, a hard link (a write into it lands outside too) or anything else, or cannot be written, is refused."""
+    folders = [run_dir]
+    while folders:  # walked without recursion: however deep it goes
+        folder = folders.pop()
+        info = os.lstat(folder)
+        if not stat.S_ISDIR(info.st_mode):
+            raise SystemExit(f"{source}: {folder} is a link, not a directory: resume the checkpoint where it lies.")
+        for entry in os.scandir(folder):
+            info = entry.stat(follow_symlinks=False)
+            if stat.S_ISDIR(info.st_mode):
+                folders.append(entry.path)
+            elif not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
+                kind = stat.S_IFMT(info.st_mode)
+                what = {stat.S_IFLNK: "a link", stat.S_IFREG: "a hard link"}.get(kind, "a special file")
+                raise SystemExit(f"{source}: its directory holds {what}, {entry.path}, which no run makes: the "
+                                 f"resumed run would write through it; resume a copy of the checkpoint in a directory "
+                                 f"of its own.")
+    for name, kind in (("model.pt", "a file"), ("checkpoint.pt", "a file"), ("run.lock", "a file"),
+                       ("videos", "a directory")):  # what the run will write, in the way
+        path = os.path.join(run_dir, name)
+        if os.path.exists(path) and os.path.isdir(path) != (kind == "a directory"):
+            raise SystemExit(f"{source}: its directory holds {path}, which the run writes as {kind}.")
     if not os.access(run_dir, os.W_OK):
         raise SystemExit(f"{source}: its directory {run_dir} is not writable.")
 
 
 def lock_run_dir(run_dir: str) -> int:
-    """One writer per run directory: run.lock, opened never through a link and locked (flock) for as long as the run
-    lives, holding its pid; a second run is refused in one sentence. The kernel lets a dead run's lock go; so does
-    this process, where an earlier run of its own ended in an exception that train() let through."""
+    """One writer per run directory: run.lock, opened never through a link, locked (flock) while the run lives and
+    holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this process, its own)."""
     path = os.path.join(run_dir, "run.lock")
     if os.path.realpath(path) in LOCKS_HELD:
         os.close(LOCKS_HELD.pop(os.path.realpath(path)))
@@ -697,6 +697,9 @@ def lock_run_dir(run_dir: str) -> int:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
     except OSError as error:
         raise SystemExit(f"{path} cannot be made ({error.strerror}).") from None
+    if os.fstat(fd).st_nlink > 1:  # a hard link: the pid would overwrite another name's file
+        os.close(fd)
+        raise SystemExit(f"{path} is a hard link to another file: remove it, and check what else the directory holds.")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -711,9 +714,8 @@ def lock_run_dir(run_dir: str) -> int:
 
 
 def given_flags(args, script: Script) -> set:
-    """The flags this command line gives: the ones on sys.argv where this process runs the script itself (python
-    ppo_ewma.py ..., torchrun), else (train(Args(...)) called from Python) the ones that differ from their
-    defaults. A flag given at its default value is given."""
+    """The flags this command line gives: those on sys.argv where this process runs the script itself (python
+    ppo_ewma.py ..., torchrun; at their defaults too), else (train(Args(...)) from Python) those off their defaults."""
     names = {field.name for field in dataclasses.fields(args)}
     if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
         defaults = script.args_type()
@@ -741,8 +743,7 @@ def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
 
 # ------------------------------------------------------------------------------------------ checks
 def check_args(args, script: Script) -> None:
-    """Stop with one sentence naming the flag before any work is done and before a run directory exists (args: the
-    run's hyperparameters)."""
+    """Stop in one sentence naming the flag before any work and any run directory (args: the run's hyperparameters)."""
     observation_space, action_space = check_spaces(args.env_id, script)
     if args.bf16 and not is_image(observation_space):
         raise SystemExit(f"--bf16 runs the IMPALA CNN of image observations in bfloat16; --env-id {args.env_id} has "
@@ -774,7 +775,9 @@ def check_ranges(args, ranges: dict, prefix: str = "") -> None:
         value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
         if value is not None and not ((low <= value if interval[0] == "[" else low < value)
                                       and (value <= high if interval[-1] == "]" else value < high)):
-            raise SystemExit(f"{prefix}--{name.replace('_', '-')} must be in {interval}, got {value}.")
+            raise SystemExit(f"{prefix}--{name.replace('_', '-')} must be in {interval}, got {reprlib.repr(value)}.")
+        if type(value) is int and abs(value) > 2**53:  # where float arithmetic rounds it, and tensors overflow
+            raise SystemExit(f"{prefix}--{name.replace('_', '-')} must be at most 2**53, got {reprlib.repr(value)}.")
     if args.torch_threads > os.cpu_count():  # more threads than cores only contend
         raise SystemExit(f"{prefix}--torch-threads must be at most this machine's {os.cpu_count()} cores, got "
                          f"{args.torch_threads}.")
@@ -809,8 +812,9 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
         close = difflib.get_close_matches(env_id, [*procgen_games, *gym.registry], n=1)
         raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env"
                          + (f"; did you mean {close[0]}?" if close else ".")) from None
-    except gym.error.Error as error:
-        raise SystemExit(f"--env-id {env_id} cannot be made: {error}") from None
+    except Exception as error:  # gym.error.Error, or the ImportError of an env moved out of Gymnasium
+        raise SystemExit(f"--env-id {reprlib.repr(env_id)} cannot be made: {type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}") from None
     env.close()
     return env.observation_space, env.action_space
 
@@ -821,8 +825,7 @@ def env_bytes(env_id: str, procgen_games=()) -> int:
     (MuJoCo's about 1.1 MiB, CartPole's 6 KiB measured here); a Procgen game's PROCGEN_ENV_BYTES."""
     if env_id in procgen_games:
         return PROCGEN_ENV_BYTES
-    first = gym.make(env_id)
-    before = resident_bytes()
+    first, before = gym.make(env_id), resident_bytes()
     second = gym.make(env_id)
     second.reset(seed=0)
     grown = resident_bytes() - before
@@ -916,9 +919,8 @@ def recipes(doc: str) -> list:
 
 
 def suggest_recipe(args, script: Script) -> None:
-    """A non-Procgen env run with the Procgen-sized defaults: name the script's CPU recipe for that env family: the
-    env's own, else the first for an env with the same kind of actions, sought first in the env's own package (a
-    CartPole run builds no MuJoCo env)."""
+    """A non-Procgen env run with the Procgen-sized defaults: name the script's recipe for the env's own, else for the
+    first env with its kind of actions, sought in its own package first (a CartPole run builds no MuJoCo env)."""
     defaults = script.args_type()
     if (args.env_id in script.procgen_games or defaults.env_id not in script.procgen_games
             or (args.num_envs, args.num_steps) != (defaults.num_envs, defaults.num_steps)):
@@ -927,17 +929,13 @@ def suggest_recipe(args, script: Script) -> None:
     for command in recipes(script.doc):
         words = shlex.split(command)
         commands.setdefault(words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id, command)
+    package = lambda env_id: str(gym.spec(env_id.split(":")[-1]).entry_point).rsplit(".", 1)[0]  # noqa: E731
     for env_id in sorted([env_id for env_id in commands if env_id not in script.procgen_games],
-                         key=lambda env_id: (env_id != args.env_id, env_package(env_id) != env_package(args.env_id))):
+                         key=lambda env_id: (env_id != args.env_id, package(env_id) != package(args.env_id))):
         if env_id == args.env_id or isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:  # built lazily
             print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x "
                   f"{args.num_steps} steps, gamma {args.gamma}); a recipe for such envs is: {commands[env_id]}")
             return
-
-
-def env_package(env_id: str) -> str:
-    """The package of a registered env's class, e.g. gymnasium.envs.classic_control."""
-    return str(gym.spec(env_id.split(":")[-1]).entry_point).split(":")[0].rsplit(".", 1)[0]
 
 
 # ---------------------------------------------------------------------------- device, CPU, run directory
@@ -980,8 +978,7 @@ def make_run_dir(args, name: str) -> str:
 
 
 def print_startup(script: Script, env_id: str, device_note: str, run_dir: str, lines: dict) -> None:
-    """The start-up block: algorithm and paper (the docstring's first paragraph), env, device and why, run directory,
-    then `lines` (label: text)."""
+    """The start-up block: algorithm and paper (the docstring's first paragraph), env, device, run dir, `lines`."""
     print(" ".join(script.doc.split("\n\n")[0].split()))
     for label, text in {"env": env_id, "device": device_note, "run dir": run_dir, **lines}.items():
         print(f"  {label:<10} {text}")
@@ -1005,15 +1002,13 @@ class NoWriter:
 
 
 class Progress:
-    """Env steps, the mean return of the last 100 episodes and what the run is doing; SPS and ETA count whole
-    iterations, update included, once the first one has finished. A tqdm bar on a terminal; otherwise a plain
-    line every PROGRESS_EVERY seconds, so that logs of CI or `> log.txt` are not flooded."""
+    """Env steps, the mean return of the last 100 episodes, what the run is doing, SPS and ETA (of whole iterations):
+    a tqdm bar on a terminal, else a line every PROGRESS_EVERY seconds (logs of CI or `> log.txt` are not flooded)."""
 
     def __init__(self, total_steps: int, start_step: int):
         self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
         self.last_line, self.done, self.status = self.start_time, None, ""  # done: (step, time) of the last iteration
-        self.step, self.episode_returns = start_step, []
-        self.bar = None
+        self.step, self.episode_returns, self.bar = start_step, [], None
         if sys.stdout.isatty():
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
                             dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
@@ -1065,23 +1060,17 @@ class Progress:
 
 # ------------------------------------------------------------------------------- evaluation and video
 def video_schedule(episode: int) -> bool:
-    """--capture-video in training: film env 0's episodes k^3 below 1000, then every 1000th (Gymnasium's capped cubic
-    schedule, CleanRL's)."""
+    """--capture-video in training: env 0's episodes k^3 below 1000, then every 1000th (capped cubic, CleanRL's)."""
     return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
 
 
-def check_video_writer() -> None:
-    """--capture-video needs moviepy (Gymnasium's RecordVideo writes with it)."""
+def check_video(env_id: str, procgen_games=()) -> None:
+    """--capture-video needs moviepy (Gymnasium's RecordVideo writes with it) and an env that renders frames: pygame
+    for classic control, a headless OpenGL for MuJoCo (MUJOCO_GL=egl where no display is set); env_id None: moviepy."""
     if importlib.util.find_spec("moviepy") is None:
         raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
                          "pip install -r requirements.txt.")
-
-
-def check_video(env_id: str, procgen_games=()) -> None:
-    """--capture-video needs moviepy and an env that renders frames: pygame for classic control, a headless OpenGL
-    for MuJoCo (MUJOCO_GL=egl where no display is set). One sentence if not."""
-    check_video_writer()
-    if env_id in procgen_games:  # Procgen's frames are its observations
+    if env_id is None or env_id in procgen_games:  # Procgen's frames are its observations
         return
     if "DISPLAY" not in os.environ:
         os.environ.setdefault("MUJOCO_GL", "egl")
@@ -1098,9 +1087,8 @@ def check_video(env_id: str, procgen_games=()) -> None:
 
 
 def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):
-    """The raw returns of num_episodes episodes played by act(obs, reward, done) -> actions (the previous step's reward
-    and done; at the reset 0 and 1) on envs reset with `seed`: the first num_episodes / num_envs episodes of each env
-    (one env: its first num_episodes; num_episodes envs: one each). None once stopping() (a signal) says so."""
+    """The raw returns of the first num_episodes / num_envs episodes of each env, reset with `seed`, played by
+    act(obs, reward, done) -> actions (the last step's reward and done, 0 and 1 at the reset); None on stopping()."""
     per_env, (obs, _) = num_episodes // envs.num_envs, envs.reset(seed=seed)
     reward, done = np.zeros(envs.num_envs), np.ones(envs.num_envs, dtype=bool)
     returns = [[] for _ in range(envs.num_envs)]
@@ -1121,9 +1109,8 @@ def acting(args) -> str:
 
 
 def evaluate(args, script: Script) -> dict:
-    """--eval-checkpoint: play the saved policy (sampled as in training, or its mode with --eval-deterministic) on one
-    env with the saved normalization frozen; print and log (eval/mean_return, eval/std_return) the raw return, to
-    TensorBoard and, with --track, to W&B. The first Ctrl-C or SIGTERM stops it."""
+    """--eval-checkpoint: play the saved policy (sampled, or its mode with --eval-deterministic) on one env, its
+    normalization frozen; print and log the raw return (eval/mean_return, eval/std_return; --track: to W&B too)."""
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
     if args.resume is not None:
         raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
@@ -1134,16 +1121,16 @@ def evaluate(args, script: Script) -> dict:
                          f"{flag_names(refused)} (it takes {flag_names(EVAL_FLAGS[1:])}, and --env-id as the "
                          f"checkpoint's own).")
     check_tracking(args)
-    if args.capture_video:
-        check_video_writer()
+    if args.capture_video:  # before the checkpoint is read; its env, once it is
+        check_video(None)
     source = f"--eval-checkpoint {args.eval_checkpoint}"
     checkpoint = checkpoints.load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
     run_args = checkpoints.checkpoint_args(checkpoint, script, source)
     check_ranges(run_args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, f"{source}: the checkpoint's flag ")
     confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
     check_spaces(run_args.env_id, script)
-    run_args = script.defaults(run_args)  # as the run trained, acting as told here
-    run_args = dataclasses.replace(run_args, eval_deterministic=args.eval_deterministic)
+    run_args = dataclasses.replace(script.defaults(run_args),  # as the run trained, acting as told here
+                                   eval_deterministic=args.eval_deterministic)
     if args.capture_video:
         check_video(run_args.env_id, script.procgen_games)
     check_writable("runs")
@@ -1197,8 +1184,7 @@ def evaluate(args, script: Script) -> dict:
 # workers average every gradient, and only rank 0 prints, logs and saves. In a single process every helper does nothing.
 def start_workers(args, flags, script: Script) -> tuple:
     """Under torchrun (even W = 1): take this worker's GPU, check the run's Args and their split over the workers,
-    join the others (NCCL with one GPU each, Gloo on CPU), silence stdout on ranks > 0; (rank, W). One process:
-    (0, 1). args: the run's hyperparameters, flags: the flags they were made from (for messages)."""
+    join the others (NCCL with one GPU each, Gloo on CPU), silence ranks > 0; (rank, W), one process (0, 1)."""
     rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if world_size == 1 and "LOCAL_RANK" not in os.environ:  # torchrun sets LOCAL_RANK; python does not
         return 0, 1
@@ -1268,8 +1254,7 @@ def own_part(x):
 
 
 def mean_over_workers(x):
-    """x averaged over the workers (one all-reduce): every worker then takes the same decision from it, e.g.
-    --target-kl's early stop. Single process: x."""
+    """x averaged over the workers (one all-reduce), so that all take the same decision (--target-kl). Alone: x."""
     if dist.is_initialized():
         x = x.clone()
         dist.all_reduce(x)
@@ -1278,9 +1263,8 @@ def mean_over_workers(x):
 
 
 def check_finite(iteration: int, **losses) -> None:
-    """Stop the run in one sentence, naming the first of `losses` (name=scalar tensor) that is nan or inf, before the
-    step it would take: the last checkpoint written stays the last good one. torchrun: a loss that is not finite on
-    any worker stops all of them at the same step, with the same sentence."""
+    """Stop the run in one sentence naming the first of `losses` (name=scalar tensor) that is nan or inf, before its
+    step: the last checkpoint stays the last good one. torchrun: all workers stop at the same step, alike."""
     values = mean_over_workers(torch.stack([loss.detach() for loss in losses.values()]))
     if not torch.isfinite(values).all():
         name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))

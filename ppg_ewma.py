@@ -436,8 +436,9 @@ def train(args: Args) -> dict:
                               normalizers={"reward": reward_normalizer, "advantages": adv_moments,
                                            "noise_scale": noise_scale}, keys={"ewma_weight": ewma_weight})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
-    # w comes back with theta_prox (checkpoints are taken at phase ends, so the next resets both)
-    ewma_weight = run.restored("ewma_weight")
+    if (first_iteration - 1) % args.n_pi:  # checkpoints are taken at phase ends only, so the next resets w and theta
+        run.refuse(f"its iteration {first_iteration - 1:,} ends no phase of --n-pi {args.n_pi}")
+    ewma_weight = run.restored("ewma_weight", lambda w: w >= 1, "is below 1")
 
     for iteration in range(first_iteration, num_iterations + 1):
         # a phase: N_pi iterations of the policy phase, then the auxiliary phase
@@ -792,7 +793,7 @@ class GradientNoiseScale:
 # ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "n_pi": "[1, inf)", "value_epochs": "[0, inf)",
-    "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]",
+    "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)", "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1)",
     "kl_coef": "[0, inf)", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)", "max_grad_norm": "(0, inf)",
     "max_is_ratio": "(1, inf]", "adv_norm_span": "[1, inf)", "aux_epochs": "[0, inf)", "aux_minibatch_size": "[1, inf)",
     "aux_learning_rate": "(0, inf)", "beta_clone": "[0, inf)", "ewma_com": "[0, inf)", "batch_divisor": "[1, inf)",

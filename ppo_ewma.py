@@ -404,8 +404,8 @@ def train(args: Args) -> dict:
                                            "noise_scale": noise_scale, "value": value_moments},
                               keys={"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
-    ewma_weight = run.restored("ewma_weight")  # theta_prox spans iterations: its w comes back with it
-    memory = run.restored("memory") if args.rnn else {}
+    ewma_weight = run.restored("ewma_weight", lambda w: w >= 1, "is below 1")  # theta_prox's w, across iterations
+    memory = run.restored("memory", agent.core.holds, "holds an action outside the action space") if args.rnn else {}
 
     for iteration in range(first_iteration, num_iterations + 1):
         if args.lr_schedule == "linear":
@@ -665,6 +665,11 @@ class RecurrentCore(nn.Module):
                     torch.float32 if self.num_actions is None else torch.long),
                 "prev_reward": torch.zeros(batch_size, device=device)}
 
+    def holds(self, memory) -> bool:
+        """Whether a memory read from a checkpoint could be one a run carried: its actions are of the action space."""
+        action = memory["prev_action"]
+        return self.num_actions is None or bool(((action >= 0) & (action < self.num_actions)).all())
+
     def forward(self, features, done, core_state, prev_action, prev_reward):
         """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
         [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
@@ -923,7 +928,7 @@ class GradientNoiseScale:
 # ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
-    "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]", "kl_coef": "[0, inf)", "ent_coef": "[0, inf)",
+    "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1)", "kl_coef": "[0, inf)", "ent_coef": "[0, inf)",
     "vf_coef": "[0, inf)", "max_grad_norm": "(0, inf)", "max_is_ratio": "(1, inf]", "adv_norm_span": "[1, inf)",
     "target_kl": "(0, inf)", "lr_kl_target": "(0, inf)", "ewma_com": "[0, inf)", "batch_divisor": "[1, inf)",
 }
@@ -936,8 +941,8 @@ def check_args(args: Args, observation_space, action_space) -> None:
     if args.rnn and (args.shuffle_samples or args.num_envs % args.num_minibatches or
                      isinstance(action_space, gym.spaces.MultiDiscrete)):
         raise SystemExit(f"--rnn replays whole env unrolls from their stored states: --num-minibatches "
-                         f"{args.num_minibatches} must divide --num-envs {args.num_envs}, without --shuffle-samples, and "
-                         f"the actions be Discrete or Box.")
+                         f"{args.num_minibatches} must divide --num-envs {args.num_envs}, without --shuffle-samples, "
+                         f"and the actions be Discrete or Box.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
     # scaled reward

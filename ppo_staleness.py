@@ -514,7 +514,7 @@ def categorical_kl(logits_p, logits_q):
 # ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
-    "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1]", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)",
+    "reward_norm_gamma": "[0, 1]", "clip_coef": "(0, 1)", "ent_coef": "[0, inf)", "vf_coef": "[0, inf)",
     "max_grad_norm": "(0, inf)", "max_is_ratio": "(1, inf]", "staleness": "[0, inf)",
 }
 
@@ -542,7 +542,8 @@ def count_iterations(args: Args, num_iterations: int, checkpoint) -> int:
         source = f"--resume {args.resume}"
         queued = checkpoints.checked(checkpoint.get("queued"), args.staleness, "queued", source)
         if not 0 <= queued <= args.staleness:
-            raise SystemExit(f"{source}: its queued {queued} is not a queue's length under --staleness {args.staleness}.")
+            raise SystemExit(f"{source}: its queued {queued} is not a queue's length under --staleness "
+                             f"{args.staleness}.")
         return checkpoint["num_iterations"] + queued
     return num_iterations + args.staleness
 

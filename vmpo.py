@@ -306,7 +306,7 @@ def train(args: Args) -> dict:
                               optimizers={"optimizer": optimizer}, keys={"memory": memory} if args.lstm else {})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
-    memory = run.restored("memory") if args.lstm else {}
+    memory = run.restored("memory", agent.core.holds, "holds an action outside the action space") if args.lstm else {}
 
     for iteration in range(first_iteration, num_iterations + 1):
         # rollout: the target network acts n steps in each of the N envs (Algorithm 1)
@@ -539,6 +539,11 @@ class RecurrentCore(nn.Module):
                     torch.float32 if self.num_actions is None else torch.long),
                 "prev_reward": torch.zeros(batch_size, device=device)}
 
+    def holds(self, memory) -> bool:
+        """Whether a memory read from a checkpoint could be one a run carried: its actions are of the action space."""
+        action = memory["prev_action"]
+        return self.num_actions is None or bool(((action >= 0) & (action < self.num_actions)).all())
+
     def forward(self, features, done, core_state, prev_action, prev_reward):
         """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
         [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
@@ -610,7 +615,8 @@ class Agent(nn.Module):
         return self.critic.unnormalize(self.critic(hidden))
 
     def step(self, obs, done, core_state, prev_action, prev_reward):
-        """--lstm, one step of a batch of envs (RecurrentCore.forward's inputs): (pi, normalized value n(s), next state)."""
+        """--lstm, one step of a batch of envs (RecurrentCore.forward's inputs): (pi, normalized value n(s), next
+        state)."""
         hidden, core_state = self.core(self.torso(obs), done, core_state, prev_action, prev_reward)
         return self.policy(hidden), self.critic(hidden), core_state
 

@@ -2,9 +2,11 @@
 a correct run, within seconds, importing, allocating and writing nothing that the user did not ask for
 (docs/running.md, "A checkpoint from someone else"). Each test failed on the code before these checks."""
 import copy
+import dataclasses
 import glob
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -124,8 +126,8 @@ def test_compressed_checkpoints_are_refused_before_they_inflate(stopped):
         for entry in archive.infolist():  # the same checkpoint, deflated: torch.load would read it, 1000:1 and more
             deflated.writestr(entry.filename, archive.read(entry.filename))
     os.replace(path + ".zip", path)
-    with pytest.raises(SystemExit, match=r"holds compressed data, which torch\.save never writes: it is not a "
-                                         r"checkpoint\.$"):
+    with pytest.raises(SystemExit, match=r"holds compressed or encrypted data, which torch\.save never writes: it "
+                                         r"is not a checkpoint\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
 
 
@@ -463,21 +465,13 @@ def test_every_value_read_fits_the_run_or_is_refused_in_one_sentence_naming_the_
     nan = float("nan")
     named = r"^--resume .*checkpoint\.pt: its "
     for edit, message in [
-        (lambda c: c["normalizers"]["reward"].update(mean=nan), r"reward statistics\['mean'\] is nan or inf"),
+        (lambda c: c["normalizers"]["reward"].update(mean=nan), r"reward statistics\['mean'\] is \S+, beyond any run.s"),
         (lambda c: c["normalizers"]["obs_0"].update(var=torch.full((4,), math.inf)) if "obs_0" in c["normalizers"]
          else c["models"]["agent"]["actor.bias"].fill_(nan), r"agent\['actor\.bias'\] holds nan or inf"),
         (lambda c: c["optimizers"]["optimizer"]["param_groups"][0].update(lr=nan),
-         r"optimizer\['param_groups'\]\[0\]\['lr'\] is nan or inf"),
+         r"optimizer\['param_groups'\]\[0\]\['lr'\] is \S+, beyond any run.s"),
         (lambda c: c["normalizers"]["reward"].update(mean=torch.tensor(0.5, dtype=torch.bfloat16)),
          r"reward statistics\['mean'\] is a Tensor, not a float"),
-        (lambda c: c["normalizers"]["reward"].update(mean=torch.empty((), device="meta")),
-         r"reward statistics\['mean'\] is not a plain tensor \(on the CPU, strided\)"),
-        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1, device="meta")}),
-         r"agent\['critic\.bias'\] is not a plain tensor \(on the CPU, strided\)"),
-        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1).to_sparse()}),
-         r"agent\['critic\.bias'\] is not a plain tensor \(on the CPU, strided\)"),
-        (lambda c: c["env"].update(next_obs=torch.nn.Parameter(c["env"]["next_obs"])),
-         r"next_obs is a Parameter, not a torch\.float32 tensor of shape \[2, 4\]"),
         (lambda c: c["optimizers"]["optimizer"]["state"][0].update(exp_avg=torch.zeros(())),
          r"optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 tensor of shape \[\], not a torch\.float32 "
          r"tensor of shape \[64, 4\]"),
@@ -490,16 +484,31 @@ def test_every_value_read_fits_the_run_or_is_refused_in_one_sentence_naming_the_
                                                                  r"flags set 0\.99"),
         (lambda c: c["normalizers"]["reward"].update(clip=-1.0), r"reward statistics\['clip'\] is -1\.0, where these "
                                                                  r"flags set 10\.0"),
-        (lambda c: c.update(episode_returns=[10**400]), r"episode_returns\[0\] is nan or inf"),
+        (lambda c: c.update(episode_returns=[-1e31]), r"episode_returns\[0\] is -1e\+31, beyond any run.s"),
         (lambda c: c.update(episode_returns=[1.0] * 101), r"episode_returns is not a list of at most 100 items"),
-        (lambda c: c.update(global_step=2**64), r"iteration 1 does not go with global_step 18446744073709551616 "
+        (lambda c: c.update(global_step=2**40), r"iteration 1 does not go with global_step 1099511627776 "
                                                 r"\(64 steps each\)"),
         (lambda c: c.update(iteration=3, global_step=192, num_iterations=5),
          r"iteration 3 is not one of the run's 3 iterations"),  # the flags give 3 iterations, the file 5
-        (lambda c: c.update(ewma_weight=nan), r"ewma_weight is nan or inf"),
+        (lambda c: c.update(ewma_weight=nan), r"ewma_weight is \S+, beyond any run.s"),
+        (lambda c: c.update(ewma_weight=1e31), r"ewma_weight is 1e\+31, beyond any run.s \(nan, inf or over 1e\+30\)"),
+        (lambda c: c.update(ewma_weight=0.5), r"ewma_weight is below 1, which no run.s does: it is not this run.s\.$"),
     ]:
         craft(edit)
         with pytest.raises(SystemExit, match=named + message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    for edit, opcode in [  # a tensor that is not a plain one is not even unpickled: torch.save rebuilds it otherwise
+        (lambda c: c["normalizers"]["reward"].update(mean=torch.empty((), device="meta")),
+         "GLOBAL 'torch._utils _rebuild_meta"),
+        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1).to_sparse()}),
+         "GLOBAL 'torch._utils _rebuild_sparse"),
+        (lambda c: c["env"].update(next_obs=torch.nn.Parameter(c["env"]["next_obs"])),
+         "GLOBAL 'torch._utils _rebuild_parameter"),
+        (lambda c: c.update(episode_returns=[10**400]), "LONG1 1000"),  # an int of 1,329 bits: no run's
+    ]:
+        craft(edit)
+        with pytest.raises(SystemExit, match=r"checkpoint\.pt cannot be read as a checkpoint \(ValueError: "
+                                             + re.escape(opcode)):
             ppo_ewma.train(ppo_ewma.Args(resume=path))
     craft(lambda c: c.update(iteration=7, global_step=7 * 64))
     with pytest.raises(SystemExit, match=r"its iteration 7 is beyond its run's 3: it is not a checkpoint a run "
@@ -567,3 +576,136 @@ def test_a_loss_that_stops_being_finite_stops_the_run_in_one_sentence_keeping_it
     (run_dir,) = glob.glob("runs/*__nan__*")
     assert torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["iteration"] == 1  # the last good one
     assert ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt"))["global_step"] == 3 * 64
+
+
+# 7 ------------------------------------------- what a reader found after round three, each closed where it enters
+def rewritten(path, change):
+    """The zip at path rewritten entry by entry, change(info, data) -> [(info, data), ...] for each."""
+    with zipfile.ZipFile(path) as archive:
+        entries = [(info, archive.read(info.filename)) for info in archive.infolist()]
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
+        for info, data in entries:
+            for new_info, new_data in change(info, data):
+                archive.writestr(new_info, new_data)
+
+
+def test_the_pickle_is_walked_before_it_is_read_and_the_zip_holds_torch_saves_entries_only(stopped):
+    path, craft = stopped
+    nested, nested_ok = [], []
+    for _ in range(100):  # 100 lists deep; 60 deep is below PICKLE_DEPTH
+        nested = [nested]
+    for _ in range(60):
+        nested_ok = [nested_ok]
+    for edit, passes in [(lambda c: c.update(deep=nested), False), (lambda c: c.update(deep=nested_ok), True),
+                         (lambda c: c.update(big=dict.fromkeys(range(10_001), 0)), False),  # a hash flood's size
+                         (lambda c: c.update(big=dict.fromkeys(range(10_000), 0)), True)]:
+        craft(edit)
+        message = r"holds 'big'|holds 'deep'" if passes else r"cannot be read as a checkpoint \(ValueError: nesting " \
+                                                            r"or a dict beyond any checkpoint's\)\.$"
+        with pytest.raises(SystemExit, match=message):  # refused at the first pass, or as an unknown key after it
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    craft()
+    data = bytearray(open(path, "rb").read())  # every entry marked encrypted (bit 0 of its central record's flags)
+    for start in range(len(data) - 4):
+        if data[start:start + 4] == b"PK\x01\x02":
+            data[start + 8] |= 1
+    open(path, "wb").write(bytes(data))
+    with pytest.raises(SystemExit, match=r"holds compressed or encrypted data, which torch\.save never writes"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    for change, message in [
+        (lambda info, data: [(info, data)] + [(info.filename.upper(), data)] * info.filename.endswith("/data.pkl"),
+         r"is not a checkpoint \(torch\.save writes one data\.pkl, under one folder\)\.$"),  # torch reads either
+        (lambda info, data: [(info, data)] + [("other/x", b"")] * info.filename.endswith("/data.pkl"),
+         r"is not a checkpoint \(torch\.save writes one data\.pkl, under one folder\)\.$"),
+    ]:
+        craft()
+        rewritten(path, change)
+        with pytest.raises(SystemExit, match=message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    craft()
+    rewritten(path, lambda info, data: [(info, data)])  # rewritten unchanged: it resumes
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
+
+
+def test_numbers_and_strings_read_are_bounded_where_the_run_can_hold_them(stopped, tmp_path, monkeypatch):
+    path, craft = stopped
+    for edit, message in [
+        (lambda c: c["args"].update(learning_rate=10**30), r"its flag learning_rate is 10+, which --learning-rate "),
+        (lambda c: c["args"].update(num_envs=2**53 + 1), r"its flag num_envs is 9007199254740993, which --num-envs "),
+        (lambda c: c["args"].update(exp_name="x" * 4097), r"its flag exp_name is 'x+\.\.\.x+', which --exp-name "),
+        (lambda c: c.update(global_step=-64), r"is not a ppo_ewma\.py checkpoint\.$"),
+        (lambda c: c.update(num_iterations=2**53 + 1), r"is not a ppo_ewma\.py checkpoint\.$"),
+        (lambda c: c.update(episode_returns=[1e31]), r"its episode_returns\[0\] is 1e\+31, beyond any run's"),
+    ]:
+        craft(edit)
+        with pytest.raises(SystemExit, match=message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert checkpoints.fits(2**53, int) and checkpoints.fits("x" * 4096, str) and checkpoints.fits(1e300, float)
+    with pytest.raises(SystemExit, match=r"^--total-timesteps must be at most 2\*\*53, got 18014398509481984\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=2**54))  # the command line's too
+    craft(lambda c: c.update(episode_returns=[1e30]))  # FLOAT_BOUND itself: resumed
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
+
+
+def test_each_script_refuses_a_resume_that_no_run_of_it_writes(tmp_path, monkeypatch):
+    import ppg_ewma
+
+    monkeypatch.chdir(tmp_path)
+    for index, (script, args, edit, message) in enumerate([
+        (ppo_ewma, ppo_ewma.Args(**TINY, rnn="gru"), lambda c: c["memory"]["prev_action"].fill_(2),  # CartPole: 0, 1
+         r"its memory holds an action outside the action space, which no run's does: it is not this run's\.$"),
+        (ppo_ewma, ppo_ewma.Args(**TINY, rnn="gru"), lambda c: c["memory"]["prev_action"].fill_(1), None),
+        (ppo_ewma, ppo_ewma.Args(**TINY), lambda c: c.update(ewma_weight=0.99), r"its ewma_weight is below 1"),
+        (ppo_ewma, ppo_ewma.Args(**TINY), lambda c: c.update(ewma_weight=1.0), None),  # w = 1 after a reset
+        (ppg_ewma, ppg_ewma.Args(**{**TINY, "num_envs": 4}, n_pi=2, aux_minibatch_size=64),
+         lambda c: c.update(iteration=1, global_step=128),  # runs write checkpoints at phase ends only: 2, 4
+         r"its iteration 1 ends no phase of --n-pi 2: it is not this run's\.$"),
+        (ppg_ewma, ppg_ewma.Args(**{**TINY, "num_envs": 4}, n_pi=2, aux_minibatch_size=64),
+         lambda c: c.update(iteration=2, global_step=256), None),
+    ]):  # each a run of 4 iterations whose final checkpoint is edited into iteration 2's
+        result = script.train(dataclasses.replace(args, total_timesteps=4 * args.num_envs * args.num_steps,
+                                                  exp_name=f"run{index}"))
+        path = os.path.join(result["run_dir"], "checkpoint.pt")
+        checkpoint = torch.load(os.path.join(result["run_dir"], "model.pt"), weights_only=True)
+        checkpoint.update(iteration=2, global_step=2 * args.num_envs * args.num_steps)
+        edit(checkpoint)
+        torch.save(checkpoint, path)
+        os.remove(os.path.join(result["run_dir"], "model.pt"))
+        if message is None:
+            assert script.train(type(args)(resume=path))["global_step"] == 4 * args.num_envs * args.num_steps
+        else:
+            with pytest.raises(SystemExit, match=message):
+                script.train(type(args)(resume=path))
+
+
+def test_a_run_directory_that_is_a_link_or_holds_a_hard_link_or_a_file_in_a_folders_place_is_refused(stopped,
+                                                                                                      tmp_path):
+    path, craft = stopped
+    target, run_dir = outside(tmp_path), os.path.dirname(path)
+    os.link(target, os.path.join(run_dir, "events.out.tfevents.1"))  # a write into it would land in outside.txt
+    with pytest.raises(SystemExit, match=r"its directory holds a hard link, .*events\.out\.tfevents\.1, which no run "
+                                         r"makes"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    os.remove(os.path.join(run_dir, "events.out.tfevents.1"))
+    os.symlink(os.path.abspath(run_dir), "linked")  # the run directory itself, reached through a link
+    with pytest.raises(SystemExit, match=r"^--resume linked/checkpoint\.pt: linked is a link, not a directory"):
+        ppo_ewma.train(ppo_ewma.Args(resume="linked/checkpoint.pt"))
+    open(os.path.join(run_dir, "videos"), "w").close()
+    with pytest.raises(SystemExit, match=r"holds .*videos, which the run writes as a directory\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path, capture_video=True))
+    assert target.read_text() == "the user's own file\n"
+    weird = tmp_path / "from\x1b[2Ja tarball"  # a name that would move the terminal's cursor
+    weird.mkdir()
+    shutil.copyfile(path, weird / "model.pt")
+    with pytest.raises(SystemExit, match=r"^--eval-checkpoint '.*model\.pt' holds characters that do not print: "
+                                         r"rename it\.$"):
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=str(weird / "model.pt")))
+
+
+def test_a_writer_removes_the_temporary_files_of_one_killed_mid_write_and_nothing_else(tmp_path):
+    path = str(tmp_path / "checkpoint.pt")
+    for stale in (".checkpoint.pt.0123456789abcdef.tmp", ".checkpoint.pt.fedcba9876543210.tmp"):
+        (tmp_path / stale).write_bytes(b"torn")
+    os.mkdir(tmp_path / ".checkpoint.pt.0000000000000000.tmp")  # not a file: left alone
+    checkpoints.save_checkpoint(path, {"iteration": 1})
+    assert sorted(os.listdir(tmp_path)) == [".checkpoint.pt.0000000000000000.tmp", "checkpoint.pt"]

@@ -227,6 +227,7 @@ def test_every_numeric_flag_has_a_range():
     ({"learning_rate": -1.0}, "--learning-rate"),
     ({"aux_learning_rate": 0.0}, "--aux-learning-rate"),
     ({"clip_coef": -0.1}, "--clip-coef"),
+    ({"clip_coef": 1.0}, "--clip-coef"),  # log(1 - eps) of the clip would be log 0
     ({"ent_coef": -5.0}, "--ent-coef"),
     ({"max_grad_norm": -1.0}, "--max-grad-norm"),
     ({"update_epochs": 0}, "--update-epochs"),

@@ -224,6 +224,7 @@ def test_every_numeric_flag_has_a_range():
     ({"reward_norm_gamma": 1.5}, "--reward-norm-gamma"),
     ({"learning_rate": -1.0}, "--learning-rate"),
     ({"clip_coef": -0.1}, "--clip-coef"),
+    ({"clip_coef": 1.0}, "--clip-coef"),  # log(1 - eps) of the clip would be log 0
     ({"ent_coef": -5.0}, "--ent-coef"),
     ({"vf_coef": -1.0}, "--vf-coef"),
     ({"kl_coef": -1.0}, "--kl-coef"),
