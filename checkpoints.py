@@ -3,11 +3,10 @@
 A checkpoint is torch.save's zip of tensors and plain data: the run's flags, networks, optimizers and statistics,
 the random state, the env stack's state and the counters. What holds for one from someone else:
 - Loading it runs no code: torch.load(weights_only=True) builds tensors and plain data only.
-- It is read in two passes. The first (load_checkpoint) walks the pickle that describes the file without building it
-  (pickle_size: torch.save's opcodes and globals only, at most PICKLE_LIMIT bytes of objects), then maps the tensors'
-  bytes without reading them (mmap). The second (restore_run, once the run is rebuilt from the file's flags) checks
-  every key, type, dtype, shape, device and layout against the rebuilt run's own values, then the values, and only
-  then copies anything: nothing read can allocate more than the rebuilt run holds.
+- It is read in two passes. The first (load_checkpoint) walks the pickle without building it (pickle_size: torch.save's
+  opcodes and globals only, at most PICKLE_LIMIT bytes of objects), then maps the tensors, unread (mmap). The second
+  (restore_run, once the run is rebuilt from the file's flags) checks every key, type, dtype, shape, device and layout
+  against the rebuilt run's own values, then the values, and only then copies: nothing allocates beyond the run.
 - Any error while it is read or applied is one sentence naming the file and the key (refused()).
 - Every file is written by write_file: made exclusively under a random name, never through a link, then renamed.
 """
@@ -217,7 +216,8 @@ def pickle_size(file) -> int:
             break
         if op.name not in PICKLE_OPCODES or op.name == "GLOBAL" and not PICKLE_GLOBALS.match(arg) or \
                 op.name == "LONG1" and arg.bit_length() > 128:
-            raise ValueError(f"{op.name} {arg!r:.100}")
+            raise ValueError(f"{op.name}, an int of {arg.bit_length()} bits" if isinstance(arg, int) else
+                             f"{op.name} {arg!r:.100}")
         before, popped = list(op.stack_before), []
         if mark in before:  # down to the mark, then what lies under it
             while stack and stack[-1] is not mark:
