@@ -603,8 +603,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 @torch.no_grad()
 def normed_init(layer, scale):
-    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
-    `scale`, every bias zero."""
+    """The official code's init: each output unit's weights (a row, a filter) rescaled to L2 norm `scale`, biases 0."""
     weight = layer.weight
     weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
     layer.bias.zero_()

@@ -33,7 +33,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 import tyro
 
 import checkpoints
@@ -357,9 +356,8 @@ def train(args: Args) -> dict:
     # pi_prox of a minibatch: the EWMA network's policy
     @torch.no_grad()
     def prox_pi_of(obs, replay=None):
-        """pi_prox of the EWMA network: a no-grad pass, on the CPU 64 frames at a time (memory only: the same
-        numbers as one pass); --rnn: it replays the minibatch's unrolls from the behaviour's stored states, one step
-        of their envs at a time, as R2D2's target network does."""
+        """pi_prox of the EWMA network, without gradient: on the CPU 64 frames at a time (the same numbers as one
+        pass); --rnn: the minibatch's unrolls replayed from the behaviour's stored states (as R2D2's target network)."""
         if replay is not None:
             return ewma_agent.unroll(*replay)[0]
         return harness.in_chunks(ewma_agent.get_pi, obs, 64 if device.type == "cpu" else len(obs))
@@ -413,8 +411,7 @@ def train(args: Args) -> dict:
 
         # rollout: T steps of the N envs with the behaviour policy pi_behav, the current weights (theta_behav = theta)
         bootstraps.zero_()
-        if args.rnn:  # R2D2's stored state: each env's at the rollout's start, from which the update replays it
-            start_states = memory["core_state"]
+        start_states = memory.get("core_state")  # --rnn: each env's state at the start (R2D2's), which replays it
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
@@ -582,8 +579,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 @torch.no_grad()
 def normed_init(layer, scale):
-    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
-    `scale`, every bias zero."""
+    """The official code's init: each output unit's weights (a row, a filter) rescaled to L2 norm `scale`, biases 0."""
     weight = layer.weight
     weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
     layer.bias.zero_()
@@ -640,10 +636,9 @@ class ImpalaCNN(nn.Module):
 
 class RecurrentCore(nn.Module):
     """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma.py's --rnn: an
-    LSTM, a GRU or an Elman RNN) whose input is the encoder's features, the previous action (one-hot for discrete
-    actions) and the previous reward. Where an episode starts its state and those two inputs are zeroed. Its state is
-    one tensor, [B, S, H] (an LSTM's h and c: S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes
-    by env."""
+    LSTM, a GRU or an Elman RNN) reading the encoder's features, the previous action (one-hot if discrete) and reward,
+    the state and those two zeroed where an episode starts. Its state is one tensor, [B, S, H] (an LSTM's h and c:
+    S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes by env."""
 
     CELLS = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "rnn": nn.RNNCell}
 
@@ -674,7 +669,7 @@ class RecurrentCore(nn.Module):
         """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
         [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
         keep = (1.0 - done).unsqueeze(-1)
-        action = prev_action if self.num_actions is None else F.one_hot(prev_action, self.num_actions).float()
+        action = prev_action if self.num_actions is None else nn.functional.one_hot(prev_action, self.num_actions)
         inputs = torch.cat([features, keep * action, keep * prev_reward.unsqueeze(-1)], dim=-1)
         if self.state_size == 2:  # an LSTM: (h, c)
             h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))
@@ -691,10 +686,9 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
     Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for a diagonal Gaussian's mean and the value, and
-    a state-independent log-std. --rnn: the torso (for Box actions one 64-64 tanh MLP, whose two heads are then linear
-    readouts: one core state to store and replay, as vmpo.py's --lstm) feeds a RecurrentCore as wide as its output,
-    and both heads read the core. The policy's parameters pi, [B, P]: logits (MultiDiscrete: each sub-action's side by
-    side), or the mean and log-std side by side."""
+    a state-independent log-std. --rnn: the torso (for Box actions one 64-64 tanh MLP with linear heads: one core
+    state to store and replay, as vmpo.py's --lstm) feeds a RecurrentCore as wide, which both heads read. pi, [B, P]:
+    logits (MultiDiscrete: each sub-action's side by side), or the mean and log-std side by side."""
 
     def __init__(self, envs, bf16=False, rnn=None):
         super().__init__()
@@ -826,8 +820,7 @@ def policy_log_prob_and_entropy(pi, actions, continuous=False, nvec=None):
 
 
 def policy_kl(pi_p, pi_q, continuous=False, nvec=None):
-    """Per-sample KL[p || q] between two policies' parameters (see policy_log_prob_and_entropy), [B]; MultiDiscrete:
-    the sum of the sub-actions' KLs."""
+    """Per-sample KL[p || q] of two policies' parameters (policy_log_prob_and_entropy's), [B]; MultiDiscrete: summed."""
     if continuous:
         return gaussian_kl(*pi_p.chunk(2, dim=-1), *pi_q.chunk(2, dim=-1))
     if nvec is not None:
@@ -938,11 +931,10 @@ def check_args(args: Args, observation_space, action_space) -> None:
     """This script's own checks of the run's Args (the batch-divisor adjustments applied)."""
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
-    if args.rnn and (args.shuffle_samples or args.num_envs % args.num_minibatches or
-                     isinstance(action_space, gym.spaces.MultiDiscrete)):
-        raise SystemExit(f"--rnn replays whole env unrolls from their stored states: --num-minibatches "
-                         f"{args.num_minibatches} must divide --num-envs {args.num_envs}, without --shuffle-samples, "
-                         f"and the actions be Discrete or Box.")
+    if args.rnn and (args.shuffle_samples or args.num_envs % args.num_minibatches
+                     or isinstance(action_space, gym.spaces.MultiDiscrete)):
+        raise SystemExit(f"--rnn replays whole env unrolls: --num-minibatches {args.num_minibatches} must divide "
+                         f"--num-envs {args.num_envs}, without --shuffle-samples, for Discrete or Box actions.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
     # scaled reward
@@ -980,10 +972,8 @@ def acting_policy(args: Args, envs, load, device):
     memory = agent.core.initial_memory(envs.num_envs, device) if args.rnn else {}
 
     def sample(obs, prev_reward=None, done=None):  # --rnn: the previous step's reward and done, and its action below
-        if args.rnn:
-            pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward))
-        else:
-            pi = agent.get_pi(obs)
+        pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward)) if args.rnn \
+            else (agent.get_pi(obs), None, None)
         memory["prev_action"] = sample_actions(pi, agent.continuous, agent.nvec, mode=args.eval_deterministic)
         return memory["prev_action"]
     return harness.actor(sample, envs, device, memory=bool(args.rnn))

@@ -456,8 +456,7 @@ def layer_init(layer, std=np.sqrt(2), bias_const=0.0):
 
 @torch.no_grad()
 def normed_init(layer, scale):
-    """The official code's init: each output unit's weight vector (a row, a filter) rescaled to L2 norm
-    `scale`, every bias zero."""
+    """The official code's init: each output unit's weights (a row, a filter) rescaled to L2 norm `scale`, biases 0."""
     weight = layer.weight
     weight.mul_(scale / torch.linalg.vector_norm(weight, dim=tuple(range(1, weight.dim())), keepdim=True))
     layer.bias.zero_()
@@ -514,10 +513,9 @@ class ImpalaCNN(nn.Module):
 
 class RecurrentCore(nn.Module):
     """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma.py's --rnn: an
-    LSTM, a GRU or an Elman RNN) whose input is the encoder's features, the previous action (one-hot for discrete
-    actions) and the previous reward. Where an episode starts its state and those two inputs are zeroed. Its state is
-    one tensor, [B, S, H] (an LSTM's h and c: S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes
-    by env."""
+    LSTM, a GRU or an Elman RNN) reading the encoder's features, the previous action (one-hot if discrete) and reward,
+    the state and those two zeroed where an episode starts. Its state is one tensor, [B, S, H] (an LSTM's h and c:
+    S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes by env."""
 
     CELLS = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "rnn": nn.RNNCell}
 
@@ -548,7 +546,7 @@ class RecurrentCore(nn.Module):
         """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
         [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
         keep = (1.0 - done).unsqueeze(-1)
-        action = prev_action if self.num_actions is None else F.one_hot(prev_action, self.num_actions).float()
+        action = prev_action if self.num_actions is None else nn.functional.one_hot(prev_action, self.num_actions)
         inputs = torch.cat([features, keep * action, keep * prev_reward.unsqueeze(-1)], dim=-1)
         if self.state_size == 2:  # an LSTM: (h, c)
             h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))

@@ -225,6 +225,8 @@ def test_every_numeric_flag_has_a_range():
     ({"learning_rate": -1.0}, "--learning-rate"),
     ({"clip_coef": -0.1}, "--clip-coef"),
     ({"clip_coef": 1.0}, "--clip-coef"),  # log(1 - eps) of the clip would be log 0
+    ({"rnn": "lstm", "shuffle_samples": True}, "--rnn replays whole env unrolls"),  # single samples have no state
+    ({"rnn": "gru", "num_minibatches": 512}, "--rnn replays whole env unrolls: --num-minibatches 512 must divide"),
     ({"ent_coef": -5.0}, "--ent-coef"),
     ({"vf_coef": -1.0}, "--vf-coef"),
     ({"kl_coef": -1.0}, "--kl-coef"),
