@@ -367,11 +367,11 @@ def train(args: Args) -> dict:
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = GradientNoiseScale() if args.noise_scale else None
-    # --norm-value, skrl's value preprocessor: the running mean and std of all returns so far (EWMA moments of decay 1),
-    # which standardize V's targets; raw(): the head's output as a return (as it is until the first update)
+    # --norm-value, skrl's value preprocessor: the running mean and std of all returns so far (EWMA moments of decay 1)
+    # standardize V's targets, clipped to +-5 (skrl's clip_threshold); raw(): the head's output as a return (as it is)
     value_moments = EwmaMoments(1.0) if args.norm_value else None
-    raw = lambda v: v * (value_moments.std + 1e-8) + value_moments.mean if args.norm_value and value_moments.weight \
-        else v  # noqa: E731
+    raw = lambda v: v.clamp(-5.0, 5.0) * (value_moments.std + 1e-8) + value_moments.mean if args.norm_value and \
+        value_moments.weight else v  # noqa: E731
     warn_about_settings(args, agent.continuous)
 
     # rollout storage
@@ -459,7 +459,7 @@ def train(args: Args) -> dict:
         v_targets, v_old = b_returns, b_values  # the value loss's, in the value head's units
         if args.norm_value:  # --norm-value: the statistics move to this iteration's returns (torchrun: all workers')
             value_moments.update(harness.global_batch(b_returns))
-            v_targets, v_old = value_moments.normalize(b_returns), value_moments.normalize(b_values)
+            v_targets, v_old = (value_moments.normalize(v).clamp(-5.0, 5.0) for v in (b_returns, b_values))
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
             adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
             b_advantages = adv_moments.normalize(b_advantages)

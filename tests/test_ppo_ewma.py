@@ -1063,6 +1063,15 @@ def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_o
     result = rnn_run(tmp_path, monkeypatch, rnn="gru", ewma=False, norm_value=True, exp_name="no_ewma")
     assert seen and all(seen)  # pi_prox is pi_behav: PPO's loss
     assert abs(torch.cat(targets).mean().item()) < 1.0  # the returns, standardized (raw CartPole returns are ~10)
+    real_update, targets[:] = ppo_ewma.EwmaMoments.update, []
+
+    def narrow(self, x):  # the value statistics' std made 0.01: every standardized return beyond 5, clipped to 5
+        real_update(self, x)
+        if self.decay == 1.0:
+            self.sum_sq = self.weight * (self.mean**2 + 1e-4)
+    monkeypatch.setattr(ppo_ewma.EwmaMoments, "update", narrow)
+    rnn_run(tmp_path, monkeypatch, ewma=False, norm_value=True, exp_name="narrow")
+    assert torch.cat(targets).abs().max().item() == 5.0  # skrl's clip_threshold
     value = torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["normalizers"]["value"]
     assert value["sum"] / value["weight"] > 1.0 and value["decay"] == 1.0  # the returns' moments, kept
 
