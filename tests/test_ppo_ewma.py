@@ -1076,6 +1076,23 @@ def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_o
     assert value["sum"] / value["weight"] > 1.0 and value["decay"] == 1.0  # the returns' moments, kept
 
 
+def test_a_recurrent_model_plays_with_its_memory_reset_at_each_episode(tmp_path, monkeypatch):
+    trained = rnn_run(tmp_path, monkeypatch, rnn="lstm", exp_name="played")
+    steps, real_step = [], ppo_ewma.Agent.step
+
+    def spy(self, obs, done, core_state, prev_action, prev_reward):
+        steps.append((done.item(), core_state.abs().sum().item(), prev_action.item(), prev_reward.item()))
+        return real_step(self, obs, done, core_state, prev_action, prev_reward)
+    monkeypatch.setattr(ppo_ewma.Agent, "step", spy)
+    played = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=2, cuda=False))
+    assert len(steps) == sum(played["returns"])  # one env, CartPole's reward 1 a step: a core step per env step
+    starts = [i for i, (done, *_) in enumerate(steps) if done == 1.0]
+    assert starts == [0, played["returns"][0]]  # done 1 at each episode's first step, which the core zeroes
+    inside = [step for i, step in enumerate(steps) if i not in starts]
+    assert all(state > 0 and reward == 1.0 for _, state, _, reward in inside)  # the state and the reward carried
+    assert {action for _, _, action, _ in inside} == {0, 1}  # and the action the step before took
+
+
 def test_truncation_bootstraps_from_the_core_state_before_the_reset(tmp_path, monkeypatch):
     # Pendulum truncates at step 200: the bootstrap's one step starts from the state the step before left, fed that
     # step's action and reward, with done 0 (the next step starts from zero state, done 1)
