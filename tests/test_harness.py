@@ -223,6 +223,17 @@ def test_tune_cpu_picks_threads_by_torso():
     finally:
         torch.set_num_threads(before)
 
+def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu():
+    # /proc/cpuinfo's flags (docs/speed.md#--bf16-on-the-cpu): an AMX CPU lists avx512_bf16 too, so AMX is asked
+    # first; a flag is a whole word (avx512_bf16x is none of them)
+    amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
+    assert harness.bf16_on_cpu(amx) == harness.BF16_ON_CPU["amx_bf16"] and "1.60x as fast" in harness.bf16_on_cpu(amx)
+    assert harness.bf16_on_cpu("flags : fpu avx512f avx512_bf16\nflags : fpu avx512f avx512_bf16\n").startswith(
+        "avx512_bf16, no AMX: the main job's iteration ran 1.54x")
+    for neither in ("flags : fpu avx2 avx512f avx512_bf16x", ""):  # and no /proc/cpuinfo at all
+        assert harness.bf16_on_cpu(neither).startswith("no bfloat16 instructions")
+
+
 
 # ----------------------------------------------------------------------- runs that never lose work
 TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, gamma=0.99, cuda=False)
