@@ -61,9 +61,9 @@ ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at
 LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
 VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
 BF16_ON_CPU = {  # said at the start of a CPU run with --bf16: what docs/speed.md#--bf16-on-the-cpu measured there
-    "amx_bf16": "AMX: a 2-core Intel Xeon ran the main job's iteration 1.60x as fast as in float32",
-    "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x as fast on an AMD EPYC, 0.84x on a Xeon",
-    None: "no bfloat16 instructions (as AVX2): the IMPALA CNN ran 7.7-10x slower than in float32"}
+    "amx_bf16": "AMX: a 2-core Intel Xeon with AMX ran the main job's iteration 1.60x as fast as float32",
+    "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x on an AMD EPYC, 0.84x on an Intel Xeon",
+    None: "neither amx_bf16 nor avx512_bf16 listed: bfloat16 emulated made the CNN 8-9.6x slower than float32"}
 EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
               *TRACKING_FLAGS)
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
@@ -310,7 +310,7 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     device, device_note = choose_device(args.cuda)
     if args.bf16 and device.type == "cpu":
         cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-        print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)} (docs/speed.md#--bf16-on-the-cpu)")
+        print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)}; benchmark/bf16.py times it here (docs/speed.md)")
     return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
 
 
