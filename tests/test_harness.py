@@ -223,7 +223,8 @@ def test_tune_cpu_picks_threads_by_torso():
     finally:
         torch.set_num_threads(before)
 
-def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu():
+
+def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu(capsys):
     # /proc/cpuinfo's flags (docs/speed.md#--bf16-on-the-cpu): an AMX CPU lists avx512_bf16 too, so AMX is asked
     # first; a flag is a whole word (avx512_bf16x is none of them)
     amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
@@ -232,7 +233,12 @@ def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu():
         "avx512_bf16, no AMX: the main job's iteration ran 1.54x")
     for neither in ("flags : fpu avx2 avx512f avx512_bf16x", ""):  # and no /proc/cpuinfo at all
         assert harness.bf16_on_cpu(neither).startswith("neither amx_bf16 nor avx512_bf16 listed")
+    import ppo_ewma  # a CPU run with --bf16 says it at its start, for this machine's flags
 
+    args = ppo_ewma.Args(env_id="starpilot", bf16=True, cuda=False, num_envs=4, num_steps=16, num_minibatches=2)
+    harness.start(ppo_ewma.SCRIPT, args, None, num_iterations=1)
+    here = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    assert f"note: --bf16 on a CPU with {harness.bf16_on_cpu(here)}; " in capsys.readouterr().out
 
 
 # ----------------------------------------------------------------------- runs that never lose work
