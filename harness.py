@@ -63,7 +63,7 @@ VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes 
 BF16_ON_CPU = {  # said at the start of a CPU run with --bf16: what docs/speed.md#--bf16-on-the-cpu measured there
     "amx_bf16": "AMX: a 2-core Intel Xeon with AMX ran the main job's iteration 1.60x as fast as float32",
     "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x on an AMD EPYC, 0.84x on an Intel Xeon",
-    None: "neither amx_bf16 nor avx512_bf16 listed: bfloat16 emulated made the CNN 8-9.6x slower than float32"}
+    None: "neither amx_bf16 nor avx512_bf16 listed: bfloat16 emulated made the CNN 12-13x slower than float32"}
 EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
               *TRACKING_FLAGS)
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),

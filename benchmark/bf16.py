@@ -1,8 +1,10 @@
 """What bfloat16 gives on this machine (docs/speed.md): the IMPALA CNN's forward and backward on 512 Procgen frames
-(an update minibatch's share on the CPU), its no-grad forward on 64 frames (one acting step of the main job), and a
-64-64 tanh MLP's forward and backward on 64 samples (a MuJoCo minibatch), each in float32 and in bfloat16,
-alternately; prints the medians and float32 / bfloat16. The CNN runs as --bf16 runs it: ppo_ewma.Agent(bf16=True),
-whose ImpalaCNN opens its own autocast (an outer autocast would not reach inside it). Time nothing else meanwhile.
+(an update minibatch's share on the CPU; --frames 2048: the main job's minibatch), its no-grad forward on 64 frames
+(one acting step of the main job, and one chunk of the EWMA network's pass), and a 64-64 tanh MLP's forward and
+backward on 64 samples (a MuJoCo minibatch), each in float32 and in bfloat16, alternately; prints the medians and
+float32 / bfloat16. The CNN runs as --bf16 runs it: ppo_ewma.Agent(bf16=True), whose ImpalaCNN opens its own autocast
+(an outer autocast would not reach inside it), with freed memory kept as a run keeps it (harness.tune_cpu). Time
+nothing else meanwhile.
 
     python benchmark/bf16.py                          # this CPU as it is
     DNNL_MAX_CPU_ISA=AVX512_CORE python benchmark/bf16.py  # as an AVX-512 CPU without bfloat16 instructions
@@ -18,6 +20,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import harness  # noqa: E402
 import ppo_ewma  # noqa: E402
 
 
@@ -72,10 +75,11 @@ def main():
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--frames", type=int, help="the CNN update's frames (default: 512 on the CPU, 2048 on a GPU)")
     cli = parser.parse_args()
-    torch.set_num_threads(cli.threads)
     device = torch.device(cli.device)
-    works, _ = workloads(device, 512 if device.type == "cpu" else 2048)
+    harness.tune_cpu(device, cli.threads, ProcgenLike.single_observation_space.shape)  # as a run: malloc kept
+    works, _ = workloads(device, cli.frames or (512 if device.type == "cpu" else 2048))
     machine = torch.cuda.get_device_name() if device.type == "cuda" else \
         open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].splitlines()[0].strip()
     flags = [flag for flag in open("/proc/cpuinfo").read().split() if flag in ("avx512_bf16", "amx_bf16")]
