@@ -12,7 +12,8 @@
 #   single samples, 10 epochs, lr 3e-4, --no-ewma), 1M steps, seeds 1-3, with --norm-value against without: the
 #   difference over the last 10% of steps and its interval, reported as it is.
 # The runs go two at a time (JOBS=2), OMP_NUM_THREADS=1, in the order listed, so that each pair compares under the same
-# load (charts/SPS: the cost of the core and of the preprocessor).
+# load (charts/SPS: the cost of the core and of the preprocessor). Cost here (2 cores): the 12 masked CartPole runs
+# about 50 minutes, the 6 HalfCheetah runs 12-14 minutes each, about 40 minutes two at a time.
 # `bash benchmark/ppo_rnn.sh --list` prints the runs; `bash benchmark/ppo_rnn.sh REGEX` runs those that REGEX matches;
 # `bash benchmark/ppo_rnn.sh --plot` prints the tables and draws docs/img/ppo_rnn_*.png from the committed curves.
 set -euo pipefail
