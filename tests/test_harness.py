@@ -236,7 +236,9 @@ def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu(capsys):
     import ppo_ewma  # a CPU run with --bf16 says it at its start, for this machine's flags
 
     args = ppo_ewma.Args(env_id="starpilot", bf16=True, cuda=False, num_envs=4, num_steps=16, num_minibatches=2)
-    harness.start(ppo_ewma.SCRIPT, args, None, num_iterations=1)
+    run = harness.start(ppo_ewma.SCRIPT, args, None, num_iterations=1)
+    for sig, handler in run.old_handlers.items():  # the run never opens, so give Ctrl-C back to pytest here
+        signal.signal(sig, handler)
     here = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
     assert f"note: --bf16 on a CPU with {harness.bf16_on_cpu(here)}; " in capsys.readouterr().out
 
