@@ -224,7 +224,7 @@ def test_tune_cpu_picks_threads_by_torso():
         torch.set_num_threads(before)
 
 
-def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu(capsys):
+def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu(capsys, tmp_path, monkeypatch):
     # /proc/cpuinfo's flags (docs/speed.md#--bf16-on-the-cpu): an AMX CPU lists avx512_bf16 too, so AMX is asked
     # first; a flag is a whole word (avx512_bf16x is none of them)
     amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
@@ -235,6 +235,7 @@ def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu(capsys):
         assert harness.bf16_on_cpu(neither).startswith("neither amx_bf16 nor avx512_bf16 listed")
     import ppo_ewma  # a CPU run with --bf16 says it at its start, for this machine's flags
 
+    monkeypatch.chdir(tmp_path)  # start() checks that runs/ could be made here
     args = ppo_ewma.Args(env_id="starpilot", bf16=True, cuda=False, num_envs=4, num_steps=16, num_minibatches=2)
     run = harness.start(ppo_ewma.SCRIPT, args, None, num_iterations=1)
     for sig, handler in run.old_handlers.items():  # the run never opens, so give Ctrl-C back to pytest here
