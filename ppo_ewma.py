@@ -363,7 +363,7 @@ def train(args: Args) -> dict:
         return harness.in_chunks(ewma_agent.get_pi, obs, 64 if device.type == "cpu" else len(obs))
 
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
-                                 betas=(args.adam_beta1, args.adam_beta2), foreach=True)
+                                 betas=(args.adam_beta1, args.adam_beta2), fused=True)
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
     noise_scale = GradientNoiseScale() if args.noise_scale else None
