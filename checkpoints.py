@@ -398,16 +398,16 @@ def restore_run(checkpoint, saved: Saved, envs, next_obs, next_done, source: str
               for name, model in saved.models.items()}
     optimizers = {name: checked_optimizer(optimizer, checkpoint["optimizers"].get(name), name, source)
                   for name, optimizer in saved.optimizers.items()}
-    normalizers = {name: checked(checkpoint["normalizers"][name], dict(vars(normalizer)), f"{name} statistics",
-                                 source)
+    normalizers = {name: checked(checkpoint["normalizers"][name], dict(vars(normalizer)), f"{name} statistics", source)
                    for name, normalizer in saved.normalizers.items() if name in checkpoint["normalizers"]}
     env_normalizer_states = checked_normalizers(envs, checkpoint["normalizers"], source)
     rng = checked_rng(checkpoint["rng"], source)
     returns = checked(checkpoint["episode_returns"], deque([0.0], maxlen=100), "episode_returns", source)
     keys = {key: checked(checkpoint.get(key), like, key, source) for key, like in saved.keys.items()}
     saved_env = checkpoint["env"]
-    env_updates, restarts = env_state_updates(envs, saved_env.get("state"))
-    restarts = restarts or probe_env_state(envs, saved_env.get("state"))
+    with refused("env stack", source):  # e.g. ppo_ewma.py's until bded84a: NormalizeObservation in each env
+        env_updates, restarts = env_state_updates(envs, saved_env.get("state"))
+        restarts = restarts or probe_env_state(envs, saved_env.get("state"))
     if restarts is None:
         next_obs = checked(saved_env.get("next_obs"), next_obs, "next_obs", source)
         next_done = checked(saved_env.get("next_done"), next_done, "next_done", source)
@@ -527,11 +527,13 @@ def set_rng_state(rng: dict) -> None:
 # ------------------------------------------------------------------------------------------- the env stack's state
 def env_normalizers(envs) -> dict:
     """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
-    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i)."""
+    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i, or a vector wrapper's obs_rms[i])."""
     found, env = {}, envs
     while isinstance(env, gym.vector.VectorWrapper):
         if isinstance(env, gym.wrappers.vector.NormalizeReward):
             found["reward"] = (env, env.return_rms)
+        if isinstance(vars(env).get("obs_rms"), list):  # each env's, in one vector wrapper (ppo_ewma.py's)
+            found.update({f"obs_{i}": (env, rms) for i, rms in enumerate(env.obs_rms)})
         env = env.env
     for i, sub_env in enumerate(getattr(env, "envs", ())):
         while isinstance(sub_env, gym.Wrapper):
@@ -579,7 +581,7 @@ def load_normalizers(envs, states, freeze: bool = False, source: str = "The chec
 # checkpoint's normalizers) or MuJoCo's model or renderer, is the same in a rebuilt stack and is left out.
 NOT_ENV_STATE = {"env", "envs", "env_fns", "spec", "metadata", "_metadata", "_cached_spec", "_saved_kwargs",
                  "_ezpickle_args", "_ezpickle_kwargs", "wrapper",  # walked, or constant (wrapper: a reward transform)
-                 "_previous_data"}  # the env checker's last (obs, info), for a warning after the first two steps only
+                 "_previous_data", "obs_rms"}  # the env checker's last (obs, info), for a warning; statistics
 NOT_SAVED_LAYERS = (gym.wrappers.vector.RecordVideo,)  # the run's own recording of env 0, not the envs' state
 
 
@@ -610,9 +612,7 @@ def env_layers(envs) -> list:
     each with the attributes that make up its state (see NOT_ENV_STATE)."""
     layers, env = [], envs
     while isinstance(env, gym.vector.VectorWrapper):
-        if not isinstance(env, NOT_SAVED_LAYERS):
-            layers.append(env)
-        env = env.env
+        layers, env = layers + ([] if isinstance(env, NOT_SAVED_LAYERS) else [env]), env.env
     layers.append(env)
     for sub_env in env.envs:
         while isinstance(sub_env, gym.Wrapper):
@@ -639,7 +639,7 @@ def env_state(envs) -> dict:
 
 def env_state_updates(envs, saved) -> tuple:
     """env_state's data, each attribute restored() against the rebuilt stack's (settings equal): ([(layer, attribute,
-    value)], None), or ([], why the envs restart instead, in this module's words: no text of the checkpoint's)."""
+    value)], None), or ([], why the envs restart instead, in this module's words); other layers: ValueError."""
     if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
         return [], f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"
     if isinstance(saved, bytes):  # written before checkpoints held only data
@@ -649,7 +649,8 @@ def env_state_updates(envs, saved) -> tuple:
     layers = env_layers(envs)
     if [type(layer).__name__ for layer, _ in layers] != [
             saved_layer.get("class") if isinstance(saved_layer, dict) else None for saved_layer in saved["layers"]]:
-        return [], "the checkpoint's env stack is not the one these flags build"
+        raise ValueError("has other layers than these flags build (another version of the script or of Gymnasium "
+                         "wrote it: resume it with that version)")
     updates = []
     for (layer, keys), saved_layer in zip(layers, saved["layers"]):
         state, name = saved_layer.get("state"), type(layer).__name__
@@ -689,8 +690,7 @@ def probe_env_state(envs, saved) -> Optional[str]:
         apply_env_state(env_state_updates(probe, saved)[0])
         space = probe.single_action_space
         action = np.zeros(space.shape, space.dtype)
-        if isinstance(space, gym.spaces.Box):
-            action = np.clip(action, space.low, space.high)
+        action = np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
         probe.step(np.stack([action] * probe.num_envs))
         probe.close()
     except Exception as error:

@@ -20,7 +20,7 @@ COPIES = {  # a function or class -> the scripts that hold a copy of it
     **{name: ("ppo_ewma", "ppg_ewma") for name in ("decoupled_kl_loss", "update_ewma", "com_to_decay", "span_to_decay",
                                                    "EwmaMoments", "noise_scale_estimates", "GradientNoiseScale")},
     **{name: ("ppo_ewma", "ppo_er") for name in ("gaussian_log_prob", "gaussian_entropy", "mlp")},
-    "clip_observations": ("ppo_ewma", "vmpo", "ppo_er"), "RecurrentCore": ("ppo_ewma", "vmpo"),
+    "clip_observations": ("vmpo", "ppo_er"), "RecurrentCore": ("ppo_ewma", "vmpo"),
 }
 RENAMES = {}  # script -> {its name for a concept: the name the other scripts give it}, applied before comparing
 

@@ -3,10 +3,12 @@ import dataclasses
 import glob
 import math
 import os
+import shutil
 import sys
 import time
 from typing import Optional
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
@@ -1116,3 +1118,60 @@ def test_truncation_bootstraps_from_the_core_state_before_the_reset(tmp_path, mo
                 and torch.equal(call[2], rollout[i - 1][4]) and torch.equal(rollout[i + 1][2], call[2])
                 and rollout[i + 1][1].item() == 1]
     assert torch.equal(rollout[index][3], rollout[index + 1][3])  # this step's action: the one the step before took
+
+
+def per_env_normalized_envs(env_id, num_envs):
+    """ppo_ewma.py's env stack until bded84a: Gymnasium's NormalizeObservation and a +-10 clip inside each env."""
+    clip = lambda env: gym.wrappers.TransformObservation(env, lambda obs: np.clip(obs, -10.0, 10.0), None)  # noqa
+    envs = gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="sync", wrappers=[
+        harness.vector_observations, gym.wrappers.NormalizeObservation, clip],
+        vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP})
+    return gym.wrappers.vector.RecordEpisodeStatistics(envs)
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1"])  # episodes that terminate; that are truncated
+def test_observations_normalized_over_the_vector_are_the_per_env_wrappers_bit_for_bit(env_id):
+    # 2 envs, 450 random steps: CartPole's episodes end every ~20 steps, Pendulum's are truncated at 200; each ended
+    # env updates on its final observation, then on its new episode's first (count 1e-4 + 451 + its episode ends)
+    reference = per_env_normalized_envs(env_id, 2)
+    envs = ppo_ewma.make_env(Args(env_id=env_id, num_envs=2, norm_obs=True))
+    assert [type(layer).__name__ for layer in (envs, envs.env)] == ["RecordEpisodeStatistics",
+                                                                     "NormalizeObservations"]
+    assert envs.single_observation_space == reference.single_observation_space  # Box(-inf, inf, float32)
+    obs, reference_obs = envs.reset(seed=5)[0], reference.reset(seed=5)[0]
+    assert np.array_equal(obs, reference_obs) and obs.dtype == np.float32
+    reference.action_space.seed(0)
+    ends = 0
+    for _ in range(450):
+        action = reference.action_space.sample()
+        step, reference_step = envs.step(action), reference.step(action)
+        for value, reference_value in zip(step[:4], reference_step[:4]):
+            assert np.array_equal(value, reference_value) and value.dtype == reference_value.dtype
+        for i in np.flatnonzero(step[2] | step[3]):  # the bootstrap's final observation, normalized alike
+            assert np.array_equal(step[4]["final_obs"][i], reference_step[4]["final_obs"][i])
+            ends += 1
+    assert ends >= 4
+    statistics, reference_statistics = checkpoints.normalizer_states(envs), checkpoints.normalizer_states(reference)
+    assert sorted(statistics) == sorted(reference_statistics) == ["obs_0", "obs_1"]
+    for name, state in statistics.items():
+        assert state["count"] == reference_statistics[name]["count"] > 451
+        assert all(torch.equal(state[key], reference_statistics[name][key]) for key in ("mean", "var"))
+
+
+def test_a_checkpoint_of_per_env_statistics_evaluates_and_is_refused_for_resuming(tmp_path, monkeypatch):
+    # tests/old_checkpoints/ppo_ewma_pendulum.pt: iteration 3 of 4 of a Pendulum run (2 envs) written at bded84a,
+    # when each env normalized its observations inside its own stack; its statistics keep their names obs_0, obs_1
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("runs/old")
+    shutil.copy(os.path.join(os.path.dirname(__file__), "old_checkpoints", "ppo_ewma_pendulum.pt"),
+                "runs/old/checkpoint.pt")
+    saved = torch.load("runs/old/checkpoint.pt", weights_only=True)["normalizers"]
+    envs = ppo_ewma.make_env(Args(env_id="Pendulum-v1", num_envs=1, norm_obs=True))
+    checkpoints.load_normalizers(envs, saved, freeze=True)  # evaluation's: env 0's statistics, frozen
+    rms = envs.env.obs_rms[0]
+    assert torch.equal(torch.as_tensor(rms.mean), saved["obs_0"]["mean"]) and rms.count == saved["obs_0"]["count"]
+    evaluation = ppo_ewma.train(Args(eval_checkpoint="runs/old/checkpoint.pt", eval_episodes=1, cuda=False))
+    assert evaluation["global_step"] == 384 and rms.count == saved["obs_0"]["count"]
+    with pytest.raises(SystemExit, match=r"^--resume runs/old/checkpoint.pt: its env stack has other layers than"
+                                         r" these flags build \(another version .* resume it with that version\)"):
+        ppo_ewma.train(Args(resume="runs/old/checkpoint.pt", cuda=False))
