@@ -150,6 +150,9 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     """a recurrent core of this cell after the encoder (vmpo.py's RecurrentCore), which also reads the previous action
     and raw reward, and which both heads read (Box actions: one 64-64 encoder for both). Minibatches are whole env
     unrolls, replayed from the states stored at the rollout's start (R2D2's), so M must divide N"""
+    compile: bool = False
+    """torch.compile the minibatch's loss and so its backward (CPU: inductor with the machine's C++ compiler), as
+    LeanRL does; where it cannot compile, a note says so and the run goes on eager. Not with --rnn"""
     norm_value: bool = False
     """skrl's value preprocessor: the value head predicts returns standardized by their running mean and std (updated
     with each iteration's returns); GAE, the bootstraps and explained variance use the raw values"""
@@ -231,6 +234,23 @@ def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_rati
 def value_loss(values, returns):
     """L^VF = mean((V - V_targ)^2), values and returns [B]; the total loss weights it by c_VF (0.5, Table 1)."""
     return ((values - returns) ** 2).mean()
+
+
+def minibatch_loss(agent, args, obs, actions, advantages, behav_logp, prox_pi, prox_logp, v_old, v_targets,
+                   replay=None):
+    """-L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1) of a minibatch with
+    pi and V under theta (--rnn: of the unrolls `replay`): (loss, its three terms, log pi(a|s))."""
+    new_pi, new_value = agent.unroll(*replay)[:2] if replay is not None else agent(obs)
+    new_logp, entropy = policy_log_prob_and_entropy(new_pi, actions, agent.continuous, agent.nvec)
+    if args.objective == "clip":
+        pg_loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, args.clip_coef, args.max_is_ratio)
+    else:
+        kl = policy_kl(prox_pi, new_pi, agent.continuous, agent.nvec)  # KL[pi_prox || pi]
+        pg_loss = decoupled_kl_loss(new_logp, behav_logp, advantages, kl, args.kl_coef, args.max_is_ratio)
+    v_loss = clipped_value_loss(new_value, v_old, v_targets, args.clip_coef) if args.clip_vloss else \
+        value_loss(new_value, v_targets)
+    entropy_loss = entropy.mean()
+    return pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss, pg_loss, v_loss, entropy_loss, new_logp
 
 
 @torch.no_grad()
@@ -374,6 +394,7 @@ def train(args: Args) -> dict:
     raw = lambda v: v.clamp(-5.0, 5.0) * (value_moments.std + 1e-8) + value_moments.mean if args.norm_value and \
         value_moments.weight else v  # noqa: E731
     warn_about_settings(args, agent.continuous)
+    loss_of = compiled(minibatch_loss) if args.compile else minibatch_loss  # --compile: its backward compiled too
 
     # rollout storage
     continuous, nvec, action_space = agent.continuous, agent.nvec, envs.single_action_space
@@ -472,7 +493,7 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step
             for mb_inds in epoch_minibatches(args):
-                # the minibatch's pi and V under theta, and pi_prox: the EWMA network's (PPO-EWMA) or pi_behav (PPO)
+                # the minibatch, and its pi_prox: the EWMA network's policy (PPO-EWMA) or pi_behav (PPO)
                 mb_inds, replay = mb_inds.to(device), None
                 if args.rnn:  # whole unrolls of the minibatch's envs, replayed from their stored states, t-major
                     mb_envs = mb_inds.view(-1, args.num_steps)[:, 0]  # minibatch_indices: each env's T steps in turn
@@ -481,26 +502,16 @@ def train(args: Args) -> dict:
                               prev_rewards[:, mb_envs])
                 mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
                 mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
-                new_pi, new_value = agent.unroll(*replay)[:2] if args.rnn else agent(mb_obs)
-                new_logp, entropy = policy_log_prob_and_entropy(new_pi, mb_actions, continuous, nvec)
                 if ewma_agent is not None:  # PPO-EWMA: pi_prox is the EWMA network's policy
                     prox_pi = prox_pi_of(mb_obs, replay)
                     prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous, nvec)[0]
                 else:  # PPO: pi_prox = pi_behav
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
-
-                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1)
-                if args.objective == "clip":
-                    pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
-                                                  args.clip_coef, args.max_is_ratio)
-                else:
-                    kl = policy_kl(prox_pi, new_pi, continuous, nvec)  # KL[pi_prox || pi]
-                    pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
-                                                args.max_is_ratio)
-                v_loss = (clipped_value_loss(new_value, v_old[mb_inds], v_targets[mb_inds], args.clip_coef)
-                          if args.clip_vloss else value_loss(new_value, v_targets[mb_inds]))
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss + args.vf_coef * v_loss
+                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1),
+                # with pi and V under theta (--compile: loss_of is minibatch_loss compiled, its backward too)
+                loss, pg_loss, v_loss, entropy_loss, new_logp = loss_of(
+                    agent, args, mb_obs, mb_actions, mb_advantages, mb_behav_logp, prox_pi, prox_logp,
+                    v_old[mb_inds], v_targets[mb_inds], replay)
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
                 # --target-kl: the k3 estimate of KL[pi_behav || pi] before the step; once over the target, this
@@ -966,6 +977,8 @@ def check_args(args: Args, observation_space, action_space) -> None:
                      or isinstance(action_space, gym.spaces.MultiDiscrete)):
         raise SystemExit(f"--rnn replays whole env unrolls: --num-minibatches {args.num_minibatches} must divide "
                          f"--num-envs {args.num_envs}, without --shuffle-samples, for Discrete or Box actions.")
+    if args.compile and args.rnn:
+        raise SystemExit("--compile does not take --rnn: its unroll's loop of --num-steps steps would be one graph.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
     # scaled reward
@@ -993,6 +1006,24 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
+
+
+def compiled(function):
+    """--compile: torch.compile(function); if its first call cannot compile, one sentence says why and the run goes on
+    with `function` itself."""
+    chosen = [torch.compile(function)]
+
+    def call(*args, **kwargs):
+        try:
+            return chosen[0](*args, **kwargs)
+        except Exception as error:
+            if chosen[0] is function:
+                raise
+            print(f"note: --compile: torch.compile cannot compile {function.__name__} here ({type(error).__name__}: "
+                  f"{str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}); it runs eager.")
+            chosen[0] = function
+            return function(*args, **kwargs)
+    return call
 
 
 def acting_policy(args: Args, envs, load, device):

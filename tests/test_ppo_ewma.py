@@ -1175,3 +1175,59 @@ def test_a_checkpoint_of_per_env_statistics_evaluates_and_is_refused_for_resumin
     with pytest.raises(SystemExit, match=r"^--resume runs/old/checkpoint.pt: its env stack has other layers than"
                                          r" these flags build \(another version .* resume it with that version\)"):
         ppo_ewma.train(Args(resume="runs/old/checkpoint.pt", cuda=False))
+
+
+def test_the_compiled_minibatch_loss_gives_eager_numbers_on_a_fixed_batch(tmp_path, monkeypatch):
+    # --compile's evidence of sameness: the recipe's minibatch (Box actions, --clip-vloss, 64 samples), its loss, the
+    # three terms, log pi(a|s) and every gradient. Compiled kernels fuse and reorder the float32 sums (measured: at
+    # most 6e-7 of a tensor's largest value), so each may differ by 1e-5 x its largest value (a loss: x max(1, it):
+    # its inputs are about 1); a deliberate change of the advantages by 1e-4 moves the policy's gradients 1e-4 and
+    # fails it. Inductor's cache is this test's own, so that it compiles (~20 s here).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
+    envs = type("Spaces", (), {"single_observation_space": gym.spaces.Box(-10, 10, (11,), "float32"),
+                               "single_action_space": gym.spaces.Box(-1, 1, (3,), "float32")})()
+    torch.manual_seed(0)
+    agent, args = ppo_ewma.Agent(envs), ppo_ewma.with_defaults(Args(env_id="Pendulum-v1", clip_vloss=True))
+    g = torch.Generator().manual_seed(1)
+    obs, actions, advantages, v_old, v_targets = (torch.randn(shape, generator=g) for shape in (
+        (64, 11), (64, 3), (64,), (64,), (64,)))
+    behav_pi = torch.cat([0.1 * torch.randn(64, 3, generator=g), torch.full((64, 3), -0.1)], -1)
+    behav_logp = ppo_ewma.policy_log_prob_and_entropy(behav_pi, actions, True)[0]
+
+    def outputs(loss_of, advantages=advantages):
+        agent.zero_grad()
+        values = loss_of(agent, args, obs, actions, advantages, behav_logp, behav_pi, behav_logp, v_old, v_targets)
+        values[0].backward()
+        return [value.detach() for value in values], [param.grad.clone() for param in agent.parameters()]
+
+    def same(outputs, reference):
+        return all((value - expected).abs().max() <= 1e-5 * max(expected.abs().max(), floor)
+                   for values, expected_values, floor in zip(outputs, reference, (1.0, 0.0))
+                   for value, expected in zip(values, expected_values))
+    eager = outputs(ppo_ewma.minibatch_loss)
+    assert same(outputs(torch.compile(ppo_ewma.minibatch_loss)), eager)
+    assert not same(outputs(ppo_ewma.minibatch_loss, advantages * (1 + 1e-4)), eager)
+
+
+def test_compile_that_fails_says_so_once_and_the_run_goes_on_eager(tmp_path, monkeypatch, capsys):
+    def cannot_compile(function):
+        def call(*args, **kwargs):
+            raise RuntimeError("no C++ compiler\nmore detail")
+        return call
+    monkeypatch.chdir(tmp_path)
+    config = dict(env_id="Pendulum-v1", num_envs=2, num_steps=32, num_minibatches=2, total_timesteps=128,
+                  cuda=False, save_model=False)
+    eager = scalars_with_steps(ppo_ewma.train(Args(exp_name="eager", **config))["run_dir"])
+    monkeypatch.setattr(torch, "compile", cannot_compile)
+    capsys.readouterr()
+    compiled = scalars_with_steps(ppo_ewma.train(Args(exp_name="compiled", compile=True, **config))["run_dir"])
+    notes = [line for line in capsys.readouterr().out.splitlines() if "--compile" in line]
+    assert notes == ["note: --compile: torch.compile cannot compile minibatch_loss here (RuntimeError: no C++ "
+                     "compiler); it runs eager."]
+    assert {tag: values for tag, values in compiled.items() if tag != "charts/SPS"} == {
+        tag: values for tag, values in eager.items() if tag != "charts/SPS"}
+
+
+def test_compile_refuses_rnn():
+    with pytest.raises(SystemExit, match=r"^--compile does not take --rnn: its unroll's loop of --num-steps steps"):
+        ppo_ewma.train(Args(env_id="CartPole-v1", rnn="lstm", compile=True, num_envs=4, num_minibatches=2, cuda=False))
