@@ -1,7 +1,8 @@
 """What bfloat16 gives on this machine (docs/speed.md): the IMPALA CNN's forward and backward on 512 Procgen frames
 (an update minibatch's share on the CPU; --frames 2048: the main job's minibatch), its no-grad forward on 64 frames
-(one acting step of the main job, and one chunk of the EWMA network's pass), and a 64-64 tanh MLP's forward and
-backward on 64 samples (a MuJoCo minibatch), each in float32 and in bfloat16, alternately; prints the medians and
+(one acting step of the main job), the rest of a PPO-EWMA minibatch step (the EWMA network's no-grad pass over the
+frames, 64 at a time, and Adam's step with the EWMA update), and a 64-64 tanh MLP's forward and backward on 64
+samples (a MuJoCo minibatch), each in float32 and in bfloat16, alternately; prints the medians and
 float32 / bfloat16. The CNN runs as --bf16 runs it: ppo_ewma.Agent(bf16=True), whose ImpalaCNN opens its own autocast
 (an outer autocast would not reach inside it), with freed memory kept as a run keeps it (harness.tune_cpu). Time
 nothing else meanwhile.
@@ -12,6 +13,7 @@ nothing else meanwhile.
     python benchmark/bf16.py --device cuda            # the GPU
 """
 import argparse
+import copy
 import os
 import statistics
 import sys
@@ -61,12 +63,26 @@ def workloads(device, num_frames):
             cnns[bf16](frames[:64])
         sync()
 
+    ewmas = {bf16: copy.deepcopy(cnn).requires_grad_(False) for bf16, cnn in cnns.items()}  # theta_prox
+    optimizers = {bf16: torch.optim.Adam(cnn.parameters(), lr=5e-4, fused=True) for bf16, cnn in cnns.items()}
+
+    def ewma_pass(bf16):  # pi_prox of the minibatch: the EWMA network's no-grad pass, 64 frames at a time on the CPU
+        harness.in_chunks(ewmas[bf16].get_pi, frames, 64 if device.type == "cpu" else num_frames)
+        sync()
+
+    def step(bf16):  # after the backward (update() left the gradients): Adam on theta, then theta_prox's EWMA
+        optimizers[bf16].step()
+        ppo_ewma.update_ewma(ewmas[bf16], cnns[bf16], 10.0, 0.889)
+        sync()
+
     def mlp_update(bf16):  # the MLP has no autocast of its own (--bf16 is refused for it): this one's is outer
         with torch.autocast(device.type, torch.bfloat16, enabled=bf16):
             out = mlp(samples).float()
         out.square().mean().backward()
         sync()
-    return {f"IMPALA CNN forward + backward, {num_frames} frames": update, "IMPALA CNN acting, 64 frames": act,
+    return {f"IMPALA CNN forward + backward, {num_frames} frames": update,
+            f"EWMA network's pass (pi_prox), {num_frames} frames": ewma_pass,
+            "Adam's step and the EWMA update": step, "IMPALA CNN acting, 64 frames": act,
             "64-64 MLP forward + backward, 64 samples": mlp_update}, cnns
 
 
