@@ -54,7 +54,7 @@ SHARED_KEYS = ("args", "models", "optimizers", "global_step", "iteration", "num_
 # rebuilt run's own
 SETTINGS = {"gamma", "clip", "decay", "epsilon", "_max_episode_steps", "num_envs", "copy", "observation_mode",
             "render_mode", "frame_skip", "buffer_length", "_stats_key", "_disable_render_order_enforcing",
-            "_update_running_mean"}
+            "_update_running_mean", "update_running_mean"}
 NONNEGATIVE = {"count", "var", "weight", "sum_sq"}  # running statistics that a division or a square root takes
 NUMPY_DTYPES = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.float32,
                 torch.float64)  # the tensors a NumPy scalar of to_data's can be

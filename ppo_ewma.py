@@ -777,19 +777,21 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
                             wrappers=[harness.vector_observations],  # Dict, Tuple, n-D Box flattened, ints as float32
                             vector_kwargs={"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP},
                             **({"render_mode": render_mode} if render_mode else {}))
-        envs = NormalizeObservations(envs) if args.norm_obs else envs  # by each env's running mean and std; +-10
+        envs = NormalizeObservationPerEnv(envs) if args.norm_obs else envs  # by each env's running mean and std; +-10
     return gym.wrappers.vector.RecordEpisodeStatistics(envs)  # raw game score
 
 
-class NormalizeObservations(gym.vector.VectorWrapper):
+class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
     """Each env's observations standardized by its own running mean and variance, then clipped to +-10: the numbers of
-    Gymnasium's per-env NormalizeObservation and a clip, computed once per step over the vector. Inside the SAME_STEP
-    autoreset the per-env wrapper updates an ended env on its final observation, then on its new episode's first; so
-    does this, and info["final_obs"] holds the final one normalized, for the bootstrap. obs_rms: the per-env wrapper's
-    statistics, which checkpoints name obs_0 ... obs_{N-1}."""
+    Gymnasium's per-env NormalizeObservation and a clip, computed once per step over the vector (Gymnasium's vector
+    NormalizeObservation differs: one statistic for all envs). Inside the SAME_STEP autoreset the per-env wrapper
+    updates an ended env on its final observation, then on its new episode's first; so does this, and
+    info["final_obs"] holds the final one normalized, for the bootstrap. obs_rms: each env's statistics, which
+    checkpoints name obs_0 ... obs_{N-1}."""
 
     def __init__(self, envs, epsilon=1e-8, clip=10.0):
         super().__init__(envs)
+        assert envs.metadata["autoreset_mode"] == gym.vector.AutoresetMode.SAME_STEP  # final_obs in the step's info
         self.single_observation_space = gym.spaces.Box(-np.inf, np.inf, envs.single_observation_space.shape, np.float32)
         self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, envs.num_envs)
         self.obs_rms = [RunningMeanStd(shape=self.single_observation_space.shape, dtype=np.float32)
@@ -798,13 +800,17 @@ class NormalizeObservations(gym.vector.VectorWrapper):
 
     def normalized(self, i, obs):
         rms = self.obs_rms[i]
-        if self.update_running_mean:  # RunningMeanStd.update with one sample (its mean obs, its variance 0), written
-            delta, count = obs - rms.mean, rms.count + 1  # out: the same operations, 4x faster (Chan et al.'s merge)
+        if self.update_running_mean:
+            # RunningMeanStd.update(obs[None]) written out: Chan et al.'s merge of a sample of one (its mean obs, its
+            # variance 0) with the same float operations, 4x faster
+            delta, count = obs - rms.mean, rms.count + 1
             rms.var = (rms.var * rms.count + np.square(delta) * rms.count / count) / count
             rms.mean, rms.count = rms.mean + delta / count, count
         return np.clip(np.float32((obs - rms.mean) / np.sqrt(rms.var + self.epsilon)), -self.clip, self.clip)
 
     def reset(self, **kwargs):
+        if "reset_mask" in (kwargs.get("options") or {}):  # the envs left alone would be updated too
+            raise ValueError("NormalizeObservationPerEnv resets every env: it takes no reset_mask")
         obs, info = self.env.reset(**kwargs)
         return np.stack([self.normalized(i, env_obs) for i, env_obs in enumerate(obs)]), info
 
@@ -1009,20 +1015,24 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
 
 
 def compiled(function):
-    """--compile: torch.compile(function); if its first call cannot compile, one sentence says why and the run goes on
-    with `function` itself."""
-    chosen = [torch.compile(function)]
+    """--compile: torch.compile(function) for minibatch_loss(agent, ...). Its first call also runs the backward, which
+    inductor compiles lazily; if either cannot compile, one sentence says why and the run goes on with `function`."""
+    compiled_function, chosen = torch.compile(function), []
 
-    def call(*args, **kwargs):
+    def call(agent, *args, **kwargs):
+        if chosen:
+            return chosen[0](agent, *args, **kwargs)
         try:
-            return chosen[0](*args, **kwargs)
+            outputs = compiled_function(agent, *args, **kwargs)
+            torch.autograd.grad(outputs[0], list(agent.parameters()), retain_graph=True, allow_unused=True)
+            chosen.append(compiled_function)
+            return outputs
         except Exception as error:
-            if chosen[0] is function:
-                raise
+            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
             print(f"note: --compile: torch.compile cannot compile {function.__name__} here ({type(error).__name__}: "
-                  f"{str(error).strip().splitlines()[0][:200] if str(error).strip() else ''}); it runs eager.")
-            chosen[0] = function
-            return function(*args, **kwargs)
+                  f"{reason}); it runs eager.")
+            chosen.append(function)
+            return function(agent, *args, **kwargs)
     return call
 
 

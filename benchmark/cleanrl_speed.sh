@@ -42,7 +42,7 @@ seconds() {  # "wall cpu": the seconds of one whole process, run in the scratch 
   local cache
   cache=$(mktemp -d -p "$WORK")
   (cd "$WORK" && TORCHINDUCTOR_CACHE_DIR=$cache /usr/bin/time -f "%e %U %S" -o "$WORK/time" $1 > "$WORK/log" 2>&1) ||
-    { tail -5 "$WORK/log"; exit 1; }
+    { tail -5 "$WORK/log" >&2; exit 1; }
   rm -rf "$cache"
   awk '{print $1, $2 + $3}' "$WORK/time"
 }

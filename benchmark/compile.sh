@@ -4,7 +4,7 @@
 # ROUNDS rounds (default 1) interleaved: eager first in odd rounds, compiled first in even ones. It prints the
 # wall-clock and CPU seconds (user + system, compile workers included) of each process, and eager / compiled.
 # Usage: bash benchmark/compile.sh [flags of ppo_ewma.py]; without flags, the docstring's MuJoCo recipe (HalfCheetah-v5
-# PPO, 1M steps: about 25 minutes a round here). Time nothing else meanwhile.
+# PPO, 1M steps: about 19 minutes a round here). Time nothing else meanwhile.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${ROUNDS:-1}
@@ -18,7 +18,7 @@ seconds() {  # "wall cpu" of one whole run of ppo_ewma.py with these extra flags
   cache=$(mktemp -d -p "$WORK")
   (cd "$WORK" && TORCHINDUCTOR_CACHE_DIR=$cache /usr/bin/time -f "%e %U %S" -o "$WORK/time" python "$ROOT/ppo_ewma.py" \
     $FLAGS --no-cuda --torch-threads 1 --checkpoint-every 0 --no-save-model "$@" > "$WORK/log" 2>&1) ||
-    { tail -5 "$WORK/log"; exit 1; }
+    { tail -5 "$WORK/log" >&2; exit 1; }
   rm -rf "$cache" "$WORK/runs"
   awk '{print $1, $2 + $3}' "$WORK/time"
 }

@@ -1136,7 +1136,7 @@ def test_observations_normalized_over_the_vector_are_the_per_env_wrappers_bit_fo
     reference = per_env_normalized_envs(env_id, 2)
     envs = ppo_ewma.make_env(Args(env_id=env_id, num_envs=2, norm_obs=True))
     assert [type(layer).__name__ for layer in (envs, envs.env)] == ["RecordEpisodeStatistics",
-                                                                     "NormalizeObservations"]
+                                                                     "NormalizeObservationPerEnv"]
     assert envs.single_observation_space == reference.single_observation_space  # Box(-inf, inf, float32)
     obs, reference_obs = envs.reset(seed=5)[0], reference.reset(seed=5)[0]
     assert np.array_equal(obs, reference_obs) and obs.dtype == np.float32
@@ -1209,11 +1209,33 @@ def test_the_compiled_minibatch_loss_gives_eager_numbers_on_a_fixed_batch(tmp_pa
     assert not same(outputs(ppo_ewma.minibatch_loss, advantages * (1 + 1e-4)), eager)
 
 
-def test_compile_that_fails_says_so_once_and_the_run_goes_on_eager(tmp_path, monkeypatch, capsys):
-    def cannot_compile(function):
-        def call(*args, **kwargs):
-            raise RuntimeError("no C++ compiler\nmore detail")
-        return call
+class FailsBackward(torch.autograd.Function):
+    """x, whose backward raises: as a compiled backward that inductor cannot build (it builds it lazily)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("no C++ compiler\nmore detail")
+
+
+def fails_forward(function):
+    def call(*args, **kwargs):
+        raise RuntimeError("no C++ compiler\nmore detail")
+    return call
+
+
+def fails_backward(function):
+    def call(*args, **kwargs):
+        loss, *rest = function(*args, **kwargs)
+        return (FailsBackward.apply(loss), *rest)
+    return call
+
+
+@pytest.mark.parametrize("cannot_compile", [fails_forward, fails_backward])
+def test_compile_that_fails_says_so_once_and_the_run_goes_on_eager(tmp_path, monkeypatch, capsys, cannot_compile):
     monkeypatch.chdir(tmp_path)
     config = dict(env_id="Pendulum-v1", num_envs=2, num_steps=32, num_minibatches=2, total_timesteps=128,
                   cuda=False, save_model=False)
