@@ -193,9 +193,14 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
     rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
     an episode, so nothing is bootstrapped from step t-1 into step t."""
+    device, values_tensor = values.device, values
+    # the loop runs on NumPy arrays of the same float32 numbers: on a CPU 5x faster than on tensors (2,048 steps:
+    # 13 against 65 ms), and on a GPU one copy instead of five kernel launches per step
+    rewards, values, dones, next_value, next_done = (x.cpu().numpy() for x in (rewards, values, dones, next_value,
+                                                                              next_done))
     num_steps = rewards.shape[0]
-    advantages = torch.zeros_like(rewards)
-    last_gae = torch.zeros_like(next_value)
+    advantages = np.zeros_like(rewards)
+    last_gae = np.zeros_like(next_value)
     for t in reversed(range(num_steps)):
         if t == num_steps - 1:
             next_nonterminal, next_values = 1.0 - next_done, next_value
@@ -204,7 +209,8 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
         delta = rewards[t] + gamma * next_values * next_nonterminal - values[t]  # TD error delta_t
         last_gae = delta + gamma * gae_lambda * next_nonterminal * last_gae
         advantages[t] = last_gae
-    return advantages, advantages + values
+    advantages = torch.as_tensor(advantages, device=device)
+    return advantages, advantages + values_tensor
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
@@ -316,11 +322,13 @@ class RewardNormalizer:
     def __call__(self, rewards, dones, gather=None):
         """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> the scaled rewards. gather (torchrun):
         every worker's [B] returns concatenated, so that all share one estimate, as the official code's all-reduce."""
-        returns, ret = torch.zeros_like(rewards), self.returns.to(rewards.device)
-        for t in range(len(rewards)):
-            ret = returns[t] = rewards[t] + self.gamma * (1.0 - dones[t]) * ret
-        self.returns = ret
-        returns = returns.reshape(-1) if gather is None else gather(returns.reshape(-1))
+        raw_rewards, raw_dones = rewards.cpu().numpy(), dones.cpu().numpy()  # the loop on NumPy, as compute_gae's
+        returns, ret = np.zeros_like(raw_rewards), self.returns.cpu().numpy()
+        for t in range(len(raw_rewards)):
+            ret = returns[t] = raw_rewards[t] + self.gamma * (1.0 - raw_dones[t]) * ret
+        self.returns = torch.as_tensor(ret)
+        returns = torch.as_tensor(returns, device=rewards.device).reshape(-1)
+        returns = returns if gather is None else gather(returns)
         n, batch_mean, batch_var = returns.numel(), returns.mean().item(), returns.var(unbiased=False).item()
         total, delta = self.count + n, batch_mean - self.mean  # merge the two samples' moments (Chan et al.)
         self.var = (self.var * self.count + batch_var * n + delta**2 * self.count * n / total) / total

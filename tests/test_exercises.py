@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HEADER = "import math\nfrom collections import deque\n\nimport torch\nimport torch.nn as nn\n\n\n"
+HEADER = "import math\nfrom collections import deque\n\nimport numpy as np\nimport torch\nimport torch.nn as nn\n\n\n"
 
 
 def exercises():
@@ -61,8 +61,10 @@ def test_every_exercise_names_what_to_write_and_selects_tests_of_it():
             assert any(word in name for name in test_names), f"exercise {title!r}: -k {word} selects no test"
 
 
-# Tests that call an exercise's piece only as an ingredient of something else: the exercise's check may leave them out
-INGREDIENT = {"test_bf16_runs_the_cnn_in_bfloat16_and_keeps_losses_gradients_and_weights_float32": "--bf16's dtypes",
+# Tests that call an exercise's piece only as an ingredient of something else, or that hold the script's own piece
+# to its own float operations bit for bit (a right answer may order them otherwise): the check may leave them out
+INGREDIENT = {"test_gae_and_reward_scaling_loops_on_numpy_give_the_tensor_loops_numbers": "the script's own float order",
+              "test_bf16_runs_the_cnn_in_bfloat16_and_keeps_losses_gradients_and_weights_float32": "--bf16's dtypes",
               "test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers": "the checkpoint format",
               "test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer": "the checkpoint format"}
 SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")

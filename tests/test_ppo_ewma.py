@@ -45,6 +45,29 @@ def test_compute_gae_across_episode_boundary():
     torch.testing.assert_close(returns, torch.tensor([[2.62, 0.5184], [2.0, 0.72], [4.8, 1.0]]))
 
 
+def test_gae_and_reward_scaling_loops_on_numpy_give_the_tensor_loops_numbers():
+    # compute_gae and RewardNormalizer loop over NumPy arrays for speed; the same float32 operations on tensors, in
+    # the same order, give the same numbers bit for bit (64 steps, 3 envs, episode starts at random)
+    g = torch.Generator().manual_seed(0)
+    rewards, values = torch.randn(64, 3, generator=g) * 5, torch.randn(64, 3, generator=g)
+    dones = (torch.rand(64, 3, generator=g) < 0.1).float()
+    next_value, next_done = torch.randn(3, generator=g), torch.tensor([0.0, 1.0, 0.0])
+    advantages, last_gae = torch.zeros_like(rewards), torch.zeros(3)
+    for t in reversed(range(64)):
+        next_nonterminal = 1.0 - (next_done if t == 63 else dones[t + 1])
+        delta = rewards[t] + 0.99 * (next_value if t == 63 else values[t + 1]) * next_nonterminal - values[t]
+        last_gae = advantages[t] = delta + 0.99 * 0.95 * next_nonterminal * last_gae
+    numpy_advantages, numpy_returns = compute_gae(rewards, values, dones, next_value, next_done, 0.99, 0.95)
+    assert torch.equal(numpy_advantages, advantages) and torch.equal(numpy_returns, advantages + values)
+    returns, ret = torch.zeros_like(rewards), torch.zeros(3)
+    for t in range(64):
+        ret = returns[t] = rewards[t] + 0.99 * (1.0 - dones[t]) * ret
+    normalizer = ppo_ewma.RewardNormalizer(num_envs=3, gamma=0.99)
+    normalizer(rewards, dones)
+    assert torch.equal(normalizer.returns, ret)
+    assert normalizer.mean == pytest.approx(returns.mean().item() * 192 / 192.0001, rel=1e-12)  # the prior mean 0
+
+
 def clip_example():
     """Four samples covering both signs of A, clipped and unclipped (clip_coef 0.2)."""
     new_logp = torch.tensor([log(0.6), log(0.3), log(0.44), log(0.6)], requires_grad=True)
