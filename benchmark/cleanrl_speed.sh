@@ -10,7 +10,8 @@
 # a compiled run pays its compile. It prints each time and mean(CleanRL) / mean(ours), the ratio of steps per
 # second, for both clocks. Time nothing else meanwhile.
 # Usage: bash benchmark/cleanrl_speed.sh, which fetches CleanRL's file with curl; without a network,
-# CLEANRL=path/to/ppo_continuous_action.py bash benchmark/cleanrl_speed.sh (the file at commit fe8d8a03, 2026-04-20).
+# CLEANRL=path/to/ppo_continuous_action.py bash benchmark/cleanrl_speed.sh (the file at commit fe8d8a03, 2026-04-20);
+# SPLIT=1 adds where each spends an iteration (below), a minute more.
 # The file is patched in its one line that Gymnasium 1.x refuses: TransformObservation now takes the observation
 # space (PATCH below). Cost here: about 5 minutes at the defaults.
 set -euo pipefail
@@ -33,10 +34,10 @@ sed "$PATCH" "$WORK/original.py" > "$WORK/ppo_continuous_action.py"
 diff "$WORK/original.py" "$WORK/ppo_continuous_action.py" > /dev/null && { echo "the patch did not apply"; exit 1; }
 
 export OMP_NUM_THREADS=1
-ours="python $ROOT/ppo_ewma.py --env-id Hopper-v5 --no-ewma --num-envs 1 --num-steps 2048 --num-minibatches 32 \
-  --update-epochs 10 --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --lr-schedule linear --clip-vloss \
-  --max-grad-norm 0.5 --total-timesteps $STEPS --no-cuda --torch-threads 1 --checkpoint-every 0 --no-save-model \
-  $OURS_FLAGS"
+flags="--env-id Hopper-v5 --no-ewma --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 \
+  --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --lr-schedule linear --clip-vloss --max-grad-norm 0.5 \
+  --total-timesteps $STEPS --no-cuda --torch-threads 1 --checkpoint-every 0 --no-save-model $OURS_FLAGS"
+ours="python $ROOT/ppo_ewma.py $flags"
 cleanrl="python $WORK/ppo_continuous_action.py --env-id Hopper-v5 --total-timesteps $STEPS --no-cuda"
 seconds() {  # "wall cpu": the seconds of one whole process, run in the scratch directory with an empty inductor cache
   local cache
@@ -66,3 +67,25 @@ for name, index in (("wall-clock", 0), ("CPU time", 1)):
     print(f"{name}: ours {mine:.1f} s ({steps / mine:,.0f} steps/s), CleanRL {theirs:.1f} s ({steps / theirs:,.0f} "
           f"steps/s): ours {theirs / mine:.2f}x CleanRL's steps per second")
 PY
+
+# SPLIT=1: then where an iteration's time goes in each, means of iterations 2-5: the env stack's steps, the rest of the
+# rollout (the acting pass, the conversions and storage) and the update (GAE included). CleanRL's file with timer
+# lines added (the rollout's start, the env steps, the update's start at its bootstrap, printed before its logging),
+# ours through benchmark/gpu_timing.py
+[ "${SPLIT:-0}" = 1 ] || exit 0
+cat > "$WORK/timers.sed" <<'SED'
+s/^        for step in range(0, args.num_steps):/        sp_t0, sp_env = time.time(), 0.0\n&/
+s/^            next_obs, .* = envs.step(.*/            sp_e = time.time()\n&\n            sp_env += time.time() - sp_e/
+s/^        # bootstrap value if not done/        sp_t1 = time.time()\n&/
+s/^        # TRY NOT TO MODIFY: record/        print("split", sp_env, sp_t1 - sp_t0 - sp_env, time.time() - sp_t1)\n&/
+SED
+sed -f "$WORK/timers.sed" "$WORK/ppo_continuous_action.py" > "$WORK/split.py"
+[ "$(grep -c "sp_" "$WORK/split.py")" = 5 ] || { echo "the timer lines did not apply"; exit 1; }
+(cd "$WORK" && python split.py --env-id Hopper-v5 --total-timesteps 10240 --no-cuda > log 2>&1) ||
+  { tail -5 "$WORK/log" >&2; exit 1; }
+awk '/^split/ && ++n > 1 {
+  e += $2; r += $3; u += $4 } END { n -= 1
+  printf "CleanRL: env step %.2f s, rollout inference %.2f s, update %.2f s\n", e / n, r / n, u / n }' "$WORK/log"
+(cd "$WORK" && python "$ROOT/benchmark/gpu_timing.py" --iterations 5 -- $flags > log 2>&1) ||
+  { tail -5 "$WORK/log" >&2; exit 1; }
+tail -1 "$WORK/log" | sed 's/^/ours: /'
