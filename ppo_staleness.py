@@ -101,10 +101,10 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
     rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
-    an episode, so nothing is bootstrapped from step t-1 into step t."""
+    an episode, so nothing is bootstrapped from step t-1 into step t. The inputs are float32 tensors without gradient;
+    the loop runs on NumPy copies of them, from here on under the same names: the same float32 operations, and on a
+    CPU 5x faster than on tensors (2,048 steps: 13 against 65 ms)."""
     device, values_tensor = values.device, values
-    # the loop runs on NumPy arrays of the same float32 numbers: on a CPU 5x faster than on tensors (2,048 steps:
-    # 13 against 65 ms), and on a GPU one copy instead of five kernel launches per step
     rewards, values, dones, next_value, next_done = (x.cpu().numpy() for x in (rewards, values, dones, next_value,
                                                                               next_done))
     num_steps = rewards.shape[0]
