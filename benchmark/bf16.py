@@ -3,7 +3,7 @@
 (one acting step of the main job), the rest of a PPO-EWMA minibatch step (the EWMA network's no-grad pass over the
 frames, 64 at a time, and Adam's step with the EWMA update), and a 64-64 tanh MLP's forward and backward on 64
 samples (a MuJoCo minibatch), each in float32 and in bfloat16, alternately; prints the medians and
-float32 / bfloat16. The CNN runs as --bf16 runs it: ppo_ewma.Agent(bf16=True), whose ImpalaCNN opens its own autocast
+float32 / bfloat16, and the load average at the start and the end. The CNN runs as --bf16 runs it: ppo_ewma.Agent(bf16=True), whose ImpalaCNN opens its own autocast
 (an outer autocast would not reach inside it), with freed memory kept as a run keeps it (harness.tune_cpu). Time
 nothing else meanwhile.
 
@@ -100,13 +100,15 @@ def main():
         open("/proc/cpuinfo").read().split("model name")[1].split(":")[1].splitlines()[0].strip()
     flags = [flag for flag in open("/proc/cpuinfo").read().split() if flag in ("avx512_bf16", "amx_bf16")]
     print(f"{machine}; CPU flags {' '.join(sorted(set(flags))) or 'without bfloat16'}; DNNL_MAX_CPU_ISA="
-          f"{os.environ.get('DNNL_MAX_CPU_ISA', 'unset')}; {cli.threads} threads, median of {cli.repeats}")
+          f"{os.environ.get('DNNL_MAX_CPU_ISA', 'unset')}; {cli.threads} threads, median of {cli.repeats}; "
+          f"load average (1, 5, 15 min) {os.getloadavg()}")
     for name, work in works.items():
         float32 = bf16 = None
         for _ in range(2):  # alternately, twice: each takes the better of its two medians
             t32, t16 = seconds(lambda: work(False), cli.repeats), seconds(lambda: work(True), cli.repeats)
             float32, bf16 = min(float32 or t32, t32), min(bf16 or t16, t16)
         print(f"{name}: float32 {float32 * 1e3:.2f} ms, bfloat16 {bf16 * 1e3:.2f} ms: {float32 / bf16:.2f}x")
+    print(f"load average at the end: {os.getloadavg()}")
 
 
 if __name__ == "__main__":

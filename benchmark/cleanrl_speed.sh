@@ -8,7 +8,7 @@
 # interleave, ours first in odd rounds and CleanRL first in even ones, so that a drift of the machine's load falls on
 # both. OURS_FLAGS adds flags to ours (e.g. OURS_FLAGS=--compile); each process gets an empty inductor cache, so that
 # a compiled run pays its compile. It prints each time and mean(CleanRL) / mean(ours), the ratio of steps per
-# second, for both clocks. Time nothing else meanwhile.
+# second, for both clocks. Time nothing else meanwhile: the load (uptime) is printed at the start and the end.
 # Usage: bash benchmark/cleanrl_speed.sh, which fetches CleanRL's file with curl; without a network,
 # CLEANRL=path/to/ppo_continuous_action.py bash benchmark/cleanrl_speed.sh (the file at commit fe8d8a03, 2026-04-20);
 # SPLIT=1 adds where each spends an iteration (below), a minute more.
@@ -22,7 +22,7 @@ OURS_FLAGS=${OURS_FLAGS:-}
 COMMIT=fe8d8a03c41a7ef5b523e2e354bd01c363e786bb
 PATCH='s/TransformObservation(env, lambda obs: np.clip(obs, -10, 10))/TransformObservation(env, lambda obs: np.clip(obs, -10, 10), env.observation_space)/'
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+trap 'echo "load at the end: $(uptime)"; rm -rf "$WORK"' EXIT
 if [ -n "${CLEANRL:-}" ]; then
   cp "$CLEANRL" "$WORK/original.py"
 elif ! curl -fsSL "https://raw.githubusercontent.com/vwxyzjn/cleanrl/$COMMIT/cleanrl/ppo_continuous_action.py" \
@@ -48,6 +48,7 @@ seconds() {  # "wall cpu": the seconds of one whole process, run in the scratch 
   awk '{print $1, $2 + $3}' "$WORK/time"
 }
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); $STEPS steps, $ROUNDS rounds${OURS_FLAGS:+; ours with $OURS_FLAGS}"
+echo "commit $(git -C "$ROOT" describe --always --dirty 2> /dev/null || echo unknown); load at the start: $(uptime)"
 ours_times=() cleanrl_times=()
 for round in $(seq "$ROUNDS"); do
   if [ $((round % 2)) -eq 1 ]; then

@@ -4,14 +4,15 @@
 # ROUNDS rounds (default 1) interleaved: eager first in odd rounds, compiled first in even ones. It prints the
 # wall-clock and CPU seconds (user + system, compile workers included) of each process, and eager / compiled.
 # Usage: bash benchmark/compile.sh [flags of ppo_ewma.py]; without flags, the docstring's MuJoCo recipe (HalfCheetah-v5
-# PPO, 1M steps: about 19 minutes a round here). Time nothing else meanwhile.
+# PPO, 1M steps: about 19 minutes a round here). Time nothing else meanwhile: the load (uptime) is printed at the
+# start and the end.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 ROUNDS=${ROUNDS:-1}
 FLAGS=${*:-"--env-id HalfCheetah-v5 --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 \
   --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --no-ewma --total-timesteps 1000000"}
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+trap 'echo "load at the end: $(uptime)"; rm -rf "$WORK"' EXIT
 export OMP_NUM_THREADS=1
 seconds() {  # "wall cpu" of one whole run of ppo_ewma.py with these extra flags, in the scratch directory
   local cache
@@ -23,6 +24,7 @@ seconds() {  # "wall cpu" of one whole run of ppo_ewma.py with these extra flags
   awk '{print $1, $2 + $3}' "$WORK/time"
 }
 echo "CPU: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'); ppo_ewma.py $FLAGS; $ROUNDS rounds"
+echo "commit $(git -C "$ROOT" describe --always --dirty 2> /dev/null || echo unknown); load at the start: $(uptime)"
 eager=() compiled=()
 for round in $(seq "$ROUNDS"); do
   if [ $((round % 2)) -eq 1 ]; then

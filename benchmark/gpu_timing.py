@@ -4,7 +4,8 @@ Runs ppo_ewma.train() with the flags given after `--`, for --iterations iteratio
 with timers that synchronize the GPU at the harness hooks: the rollout ends at run.end_rollout(), the update
 (GAE, advantages, the epochs) at run.end_iteration(). The env stack's step() is timed on its own; the rest of
 the rollout is inference, the device syncs and the storage writes. The first --warmup iterations are left out
-of the means (CUDA start-up, cuDNN autotuning). Prints one line per iteration, the means and the peak GPU memory.
+of the means (CUDA start-up, cuDNN autotuning). Prints the load average, one line per iteration, the means and the
+peak GPU memory.
 
     python benchmark/gpu_timing.py --iterations 6 -- --batch-divisor 4           # the main job
     python benchmark/gpu_timing.py --iterations 6 -- --batch-divisor 4 --no-ewma # PPO
@@ -69,6 +70,7 @@ def main():
     harness.Run.end_iteration = mark("update", harness.Run.end_iteration)
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
+    load = os.getloadavg()
     ppo_ewma.train(args)
 
     rows = []  # per iteration: (total, env, inference, update) seconds
@@ -77,7 +79,8 @@ def main():
         rows.append((update - start, env_end - env_start, rollout - start - (env_end - env_start), update - rollout))
         marks[i + 2] = ("start", update, env_end)  # the next iteration starts where this one ended
     print(f"\n{batch:,} steps per iteration ({run_args.num_envs} envs x {run_args.num_steps} steps), "
-          f"ewma {args.ewma}, device {'cuda' if torch.cuda.is_available() and args.cuda else 'cpu'}")
+          f"ewma {args.ewma}, device {'cuda' if torch.cuda.is_available() and args.cuda else 'cpu'}; "
+          f"load average (1, 5, 15 min) {load} at the start, {os.getloadavg()} at the end")
     print("iteration | total s | SPS | env step s | rollout inference s | update s")
     for i, (total, env, inference, update) in enumerate(rows, 1):
         print(f"{i} | {total:.2f} | {batch / total:,.0f} | {env:.2f} | {inference:.2f} | {update:.2f}")
