@@ -1,17 +1,18 @@
 """Run plumbing for the scripts of this repository: what every run needs and no paper describes (checks, device,
 run directory, progress, evaluation, video, experiment tracking, torchrun), and what several scripts build with (the
-Procgen adapter, flattened observations, chunked passes). Checkpoints are checkpoints.py's. A script describes itself
+Procgen adapter, flattened observations, chunked passes), and the writing of checkpoints; checkpoints.py reads them. A
+script describes itself
 in a `Script` and calls, from train():
 
     flags, checkpoint = harness.run_flags(args, SCRIPT)          # the flags, checked; with --resume the checkpoint's
     run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, torchrun workers, seeds, device
     envs = run.open(make_env(run.args, run.render_mode))          # the script's envs; run dir, TensorBoard, start-up
-    global_step, first_iteration, next_obs, next_done = run.restore(checkpoints.Saved(...), next_obs, next_done)
+    global_step, first_iteration, next_obs, next_done = run.restore(harness.Saved(...), next_obs, next_done)
     run.after_step(global_step, info)                 # every env step: finished episodes, progress
     run.end_rollout()                                 # the rollout's episodes to TensorBoard
     run.updating(f"epoch {epoch + 1}/{epochs}")       # what the progress line says during the update
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
-    return run.finish(iteration, global_step, ...)    # model.pt, closing line
+    return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
 This module never imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient
 steps are the scripts' own.
@@ -19,15 +20,19 @@ steps are the scripts' own.
 import ctypes
 import dataclasses
 import difflib
+import enum
+import errno
 import fcntl
 import importlib.util
+import json
+import math
 import os
 import platform
 import random
 import re
 import reprlib
+import secrets
 import shlex
-import shutil
 import signal
 import stat
 import sys
@@ -35,18 +40,18 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import gymnasium as gym
 import numpy as np
+import safetensors.torch
 import torch
 import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-import checkpoints
-
-CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.pt: at most this much work is lost to a crash
+CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.safetensors: at most this much work is lost to a crash
 EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this, apart from every training env
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
 COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
@@ -59,6 +64,7 @@ TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data g
 NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
 ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
 LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
+HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), which a Run puts back as it ends
 VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
 BF16_ON_CPU = {  # said at the start of a CPU run with --bf16: what docs/speed.md#--bf16-on-the-cpu measured there
     "amx_bf16": "AMX: a 2-core Intel Xeon with AMX ran the main job's iteration 1.60x as fast as float32",
@@ -89,14 +95,14 @@ class RunArgs:
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
     save_model: bool = True
-    """write the final checkpoint, model.pt, into the run directory at the end"""
+    """write the final checkpoint, model.safetensors, into the run directory at the end"""
     checkpoint_every: Optional[int] = None
-    """write checkpoint.pt into the run directory, atomically, every this many iterations and at the last one;
+    """write checkpoint.safetensors into the run directory, atomically, every this many iterations and at the last one;
     default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
     resume: Optional[str] = None
     """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --bf16, --save-model,
     --checkpoint-every, --capture-video and --track's are taken from this command line); a finished run's checkpoint
-    gives its model.pt"""
+    continues nothing"""
     eval_checkpoint: Optional[str] = None
     """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
     eval_episodes: int = 10
@@ -155,7 +161,8 @@ class Script:
     actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
     missing_flags: dict = dataclasses.field(default_factory=dict)  # flags added later, as older checkpoints trained
-    checkpoint_keys: tuple = ()  # its own keys in checkpoints (the names of its checkpoints.Saved keys)
+    checkpoint_keys: tuple = ()  # its own keys in checkpoints (the names of its Saved keys)
+    policy: str = "agent"  # the network of Saved.models that acts: what the model file holds and evaluation plays
 
     @property
     def name(self) -> str:
@@ -273,10 +280,276 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
     return torch.cat([forward(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
+# ------------------------------------------------------------------------------ checkpoints: what a run writes
+# Every file a run writes is a safetensors file (checkpoints.py reads them): the tensors in its body, all else as JSON
+# in its metadata, under "checkpoint" or "model". JSON lacks tuples, int keys and inf: they are tagged (encoded()).
+@dataclass
+class Saved:
+    """The script's objects that a checkpoint holds, each {name: object}, None entries left out; keys: the script's own
+    values, {name: this run's start value}, a resumed run's from the checkpoint (run.restored)."""
+
+    models: dict  # modules (their state dicts)
+    optimizers: dict  # optimizers (their state dicts)
+    normalizers: dict = dataclasses.field(default_factory=dict)  # running statistics kept outside the env stack
+    keys: dict = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self):
+        self.models = {name: model for name, model in self.models.items() if model is not None}
+        self.normalizers = {name: normalizer for name, normalizer in self.normalizers.items() if normalizer is not None}
+
+
+def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
+    """The one format, tensors and plain data only: Args, `saved`'s states, the env stack's normalizers and state
+    (env_state), the random state, and `keys` (global_step, iteration, ..., and a script's own)."""
+    return {
+        "args": dataclasses.asdict(args),
+        "models": {name: model.state_dict() for name, model in saved.models.items()},
+        "optimizers": {name: optimizer.state_dict() for name, optimizer in saved.optimizers.items()},
+        "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer))
+                                                      for name, normalizer in saved.normalizers.items()}},
+        "rng": rng_state(),
+        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
+        **keys,
+    }
+
+
+def encoded(value, tensors: dict, path: str = ""):
+    """A checkpoint's value as JSON, each tensor moved into `tensors` under its path ("models/agent/actor.weight") and
+    named by {"$tensor": path}; a tuple as {"$tuple": [...]}, a dict of int keys as {"$int_keys": [[key, value]]},
+    inf and nan as {"$float": "inf"}."""
+    if isinstance(value, torch.Tensor):  # a copy of its own (no two share memory), contiguous, on the CPU
+        assert path not in tensors, path
+        tensors[path] = value.detach().cpu().clone(memory_format=torch.contiguous_format)
+        return {"$tensor": path}
+    if isinstance(value, float) and not math.isfinite(value):
+        return {"$float": str(value)}
+    if isinstance(value, (list, tuple)):
+        items = [encoded(item, tensors, f"{path}/{index}".lstrip("/")) for index, item in enumerate(value)]
+        return {"$tuple": items} if isinstance(value, tuple) else items
+    if isinstance(value, dict):
+        items = {key: encoded(item, tensors, f"{path}/{key}".lstrip("/")) for key, item in value.items()}
+        if all(isinstance(key, str) and not key.startswith("$") for key in items):
+            return items
+        assert all(type(key) is int for key in items), path
+        return {"$int_keys": [[key, item] for key, item in items.items()]}
+    assert value is None or isinstance(value, (bool, int, float, str)), f"{path} holds a {type(value).__name__}"
+    return value
+
+
+def checkpoint_bytes(checkpoint: dict) -> bytes:
+    tensors = {}
+    text = json.dumps(encoded(checkpoint, tensors), allow_nan=False, separators=(",", ":"))
+    return safetensors.torch.save(tensors, metadata={"checkpoint": text})
+
+
+def model_bytes(checkpoint: dict, policy: str) -> bytes:
+    """The model file of a checkpoint: the policy's weights under their state_dict names, so that any safetensors
+    reader loads them (safetensors.torch.load_file), and in its metadata what --eval-checkpoint needs to play it: the
+    script, its flags, the step and env 0's observation statistics (their arrays as {"$array": ...})."""
+    model = encoded({key: checkpoint[key] for key in ("script", "args", "global_step")}, {})
+    model["normalizers"] = {name: {key: {"$array": {"dtype": str(value.dtype)[6:], "shape": list(value.shape),
+                                                    "data": value.reshape(-1).tolist()}} if torch.is_tensor(value)
+                                   else value for key, value in state.items()}
+                            for name, state in checkpoint["normalizers"].items() if name == "obs_0"}
+    text = json.dumps(model, allow_nan=False, separators=(",", ":"))
+    weights = {name: value.detach().cpu().clone(memory_format=torch.contiguous_format)
+               for name, value in checkpoint["models"][policy].items()}
+    return safetensors.torch.save(weights, metadata={"model": text})
+
+
+def write_file(path: str, data: bytes, dir_fd: Optional[int] = None) -> None:
+    """`data` into a file made exclusively (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name in path's directory,
+    synced, then renamed onto path: never a torn file, a link at path replaced, not followed, no name planted in
+    advance. dir_fd: that directory, opened once (the run's), so that a directory or link put in its place since gets
+    nothing. A full disk, or a directory in the way, is one sentence, path's file kept. A run directory has one writer
+    (its lock), so the temporary files of a writer killed mid-write are removed."""
+    directory, name = os.path.split(path)
+    temporary = f".{name}.{secrets.token_hex(8)}.tmp"  # 64 random bits: never planted
+    try:
+        folder = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY) if dir_fd is None else dir_fd
+    except OSError as error:
+        raise SystemExit(f"{shown(path)} cannot be written: {error.strerror}.") from None
+    try:
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
+        except OSError as error:
+            raise SystemExit(f"{shown(path)} cannot be written: {error.strerror}.") from None
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(data)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, name, src_dir_fd=folder, dst_dir_fd=folder)
+        except OSError as error:
+            os.remove(temporary, dir_fd=folder)
+            reason = "the disk is full" if error.errno == errno.ENOSPC else error.strerror or type(error).__name__
+            kept = "; the one before is kept" if name in os.listdir(folder) and stat.S_ISREG(
+                os.stat(name, dir_fd=folder, follow_symlinks=False).st_mode) else ""
+            raise SystemExit(f"{shown(path)} could not be written ({reason}){kept}.") from None
+        except BaseException:
+            os.remove(temporary, dir_fd=folder)
+            raise
+        for stale in os.listdir(folder):
+            if re.fullmatch(re.escape(f".{name}.") + r"[0-9a-f]{16}\.tmp", stale) and stat.S_ISREG(
+                    os.stat(stale, dir_fd=folder, follow_symlinks=False).st_mode):
+                os.remove(stale, dir_fd=folder)
+    finally:
+        if dir_fd is None:
+            os.close(folder)
+
+
+def save_checkpoint(path: str, checkpoint: dict, dir_fd: Optional[int] = None) -> None:
+    write_file(path, checkpoint_bytes(checkpoint), dir_fd)
+
+
+def shown(name: str) -> str:
+    """A name read from the disk (a file's, a folder's), printable: each character that does not print escaped."""
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in name)
+
+
+SHARED_KEYS = ("args", "models", "optimizers", "global_step", "iteration", "num_iterations", "episode_returns",
+               "script", "wandb_run_id")  # the same on every torchrun worker (checkpoints.py reads them so)
+
+
+def worker_part(checkpoint: dict) -> dict:
+    """A torchrun worker's own part of a checkpoint (envs, random state, statistics, keys), which rank 0 writes."""
+    return {key: value for key, value in checkpoint.items() if key not in SHARED_KEYS}
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": (numpy_state[0], numpy_state[1].tolist(), *numpy_state[2:]),
+            "torch": torch.get_rng_state(),
+            **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
+
+
+def env_normalizers(envs) -> dict:
+    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
+    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i, or a vector wrapper's obs_rms[i])."""
+    found, env = {}, envs
+    while isinstance(env, gym.vector.VectorWrapper):
+        if isinstance(env, gym.wrappers.vector.NormalizeReward):
+            found["reward"] = (env, env.return_rms)
+        if isinstance(vars(env).get("obs_rms"), list):  # each env's, in one vector wrapper (ppo_ewma.py's)
+            found.update({f"obs_{i}": (env, rms) for i, rms in enumerate(env.obs_rms)})
+        env = env.env
+    for i, sub_env in enumerate(getattr(env, "envs", ())):
+        while isinstance(sub_env, gym.Wrapper):
+            if isinstance(sub_env, gym.wrappers.NormalizeObservation):
+                found[f"obs_{i}"] = (sub_env, sub_env.obs_rms)
+            sub_env = sub_env.env
+    return found
+
+
+def normalizer_states(envs) -> dict:
+    """{name: {"mean", "var", "count"}} of the running statistics in a vector env stack (see env_normalizers)."""
+    return {name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
+            for name, (_, rms) in env_normalizers(envs).items()}
+
+
+# The env stack's state, written as plain data, layer by layer: each wrapper, the vector env, and each sub-env's
+# wrappers and env. An attribute named here, or holding a space, an enum, a function, running statistics (the
+# checkpoint's normalizers) or MuJoCo's model or renderer, is the same in a rebuilt stack and is left out.
+NOT_ENV_STATE = {"env", "envs", "env_fns", "spec", "metadata", "_metadata", "_cached_spec", "_saved_kwargs",
+                 "_ezpickle_args", "_ezpickle_kwargs", "wrapper",  # walked, or constant (wrapper: a reward transform)
+                 "_previous_data", "obs_rms"}  # the env checker's last (obs, info), for a warning; statistics
+NOT_SAVED_LAYERS = (gym.wrappers.vector.RecordVideo,)  # the run's own recording of env 0, not the envs' state
+
+
+def to_data(value):
+    """value as data that a checkpoint holds: numbers, strings and None as they are, NumPy arrays and scalars as
+    tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict, a MuJoCo MjData as
+    its integration state (time, qpos, qvel, act, controls, forces, warm start); else TypeError."""
+    if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf":  # first: np.float64 is a float
+        return torch.from_numpy(np.array(value))  # a copy
+    if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
+        return value
+    if isinstance(value, (list, tuple, deque)):
+        return [to_data(item) for item in value]
+    if isinstance(value, dict) and all(isinstance(key, str) for key in value):
+        return {key: to_data(item) for key, item in value.items()}
+    if isinstance(value, np.random.Generator):
+        return value.bit_generator.state
+    if type(value).__name__ == "MjData":
+        mujoco = sys.modules["mujoco"]
+        state = np.empty(mujoco.mj_stateSize(value.model, mujoco.mjtState.mjSTATE_INTEGRATION))
+        mujoco.mj_getState(value.model, value, state, mujoco.mjtState.mjSTATE_INTEGRATION)
+        return torch.from_numpy(state)
+    raise TypeError(f"a {type(value).__name__}")
+
+
+def env_layers(envs):
+    """Every layer of a Gymnasium vector env stack (the vector wrappers, the vector env, then each sub-env's layers),
+    each with the attributes that make up its state (see NOT_ENV_STATE): [(layer, {attribute: its value, MuJoCo's
+    MjData as its data})]; or, for envs that are not a SyncVectorEnv's, why their state is not data."""
+    if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
+        return f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"
+    layers, env = [], envs
+    while isinstance(env, gym.vector.VectorWrapper):
+        layers, env = layers + ([] if isinstance(env, NOT_SAVED_LAYERS) else [env]), env.env
+    layers.append(env)
+    for sub_env in env.envs:
+        while isinstance(sub_env, gym.Wrapper):
+            layers.append(sub_env)
+            sub_env = sub_env.env
+        layers.append(sub_env)
+    constant = (gym.Space, enum.Enum, gym.wrappers.utils.RunningMeanStd)
+    mujoco = ("mujoco.", "gymnasium.envs.mujoco.")  # MjModel, MujocoRenderer: constant; MjData is not
+    return [(layer, {key: to_data(value) if type(value).__name__ == "MjData" else value
+                     for key, value in vars(layer).items() if key not in NOT_ENV_STATE and not (
+                         callable(value) or isinstance(value, constant) or type(value).__module__.startswith(mujoco)
+                         and type(value).__name__ != "MjData")}) for layer in layers]
+
+
+def env_state(envs) -> dict:
+    """The env stack's state as data, {"layers": [{"class": name, "state": {attribute: data}}]}; or {"restarts": why}"""
+    layers = env_layers(envs)
+    if isinstance(layers, str):
+        return {"restarts": layers}
+    try:
+        return {"layers": [{"class": type(layer).__name__, "state": {key: to_data(value) for key, value in keys.items()}}
+                           for layer, keys in layers]}
+    except TypeError as error:
+        return {"restarts": f"an env layer holds {error}, which cannot be saved as data"}
+
+
+def set_rng_state(rng: dict) -> None:
+    """Put back a random state of rng_state()'s (checkpoints.py: once checked_rng passed it)."""
+    random.setstate(rng["python"])
+    numpy_state = rng["numpy"]
+    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
+    torch.set_rng_state(rng["torch"].clone())
+    if "cuda" in rng:
+        torch.cuda.set_rng_state_all([state.clone() for state in rng["cuda"]])
+
+
+def apply_normalizers(normalizers: dict, states: dict, freeze: bool = False) -> None:
+    """Put statistics (checkpoints.py: checked) into an env stack's normalizers ({name: (wrapper, rms)}); `freeze` stops them."""
+    for name, (wrapper, rms) in normalizers.items():
+        if name in states:
+            mean, var, count = states[name]["mean"], states[name]["var"], states[name]["count"]
+            rms.mean, rms.var, rms.count = np.array(mean.numpy()), np.array(var.numpy()), count
+        wrapper.update_running_mean = not freeze
+
+
+ENV_WALK = SimpleNamespace(layers=env_layers, normalizers=env_normalizers, rng_state=rng_state,  # checkpoints.py's
+                           set_rng_state=set_rng_state, apply_normalizers=apply_normalizers)
+
+
 # ------------------------------------------------------------------------------------- a run's life
 def run_flags(args, script: Script) -> tuple:
     """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
-    with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None)."""
+    with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None). From here on, a signal
+    stops the run at once (catch_signals) until its Run takes over."""
+    catch_signals()
+    try:
+        return checked_flags(args, script)
+    except BaseException:
+        give_back_signals()
+        raise
+
+
+def checked_flags(args, script: Script) -> tuple:
     args, checkpoint = resume_from(args, script)
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
                  f"--resume {args.resume}: the checkpoint's flag ")
@@ -294,7 +567,32 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     """Everything from the flags up to the envs, which the script makes next (run.open): the torchrun workers, the
     checks of the run's Args (before any work and any run directory), seeds and device. args: the hyperparameters
     (num_envs: the total over all workers); flags: run_flags' flags they came from, which checkpoints keep."""
-    flags = args if flags is None else flags
+    try:
+        return started(script, args, checkpoint, num_iterations, args if flags is None else flags)
+    except BaseException:
+        give_back_signals()
+        raise
+
+
+def catch_signals() -> None:
+    """Ctrl-C and SIGTERM stop at once (stop_at_once) while a run starts: its flags, a checkpoint read, its checks.
+    The handlers before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            HANDLERS_BEFORE_START.setdefault(sig, signal.signal(sig, stop_at_once))
+
+
+def stop_at_once(signum, frame) -> None:
+    print(f"\n{signal.Signals(signum).name}: stopping now, before any training.", flush=True)
+    raise SystemExit(128 + signum)
+
+
+def give_back_signals() -> None:
+    for sig in list(HANDLERS_BEFORE_START):
+        signal.signal(sig, HANDLERS_BEFORE_START.pop(sig))
+
+
+def started(script: Script, args, checkpoint, num_iterations: int, flags) -> "Run":
     world_size = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's; before the workers join
     if checkpoint is not None:  # a checkpoint holds the envs, RNG and statistics of as many workers as wrote it
         written_by = 1 + len(checkpoint.get("workers", []))
@@ -353,8 +651,8 @@ def duration(seconds: float) -> str:
 def saves_note(args) -> str:
     every = args.checkpoint_every
     cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
-    return ("no checkpoint.pt" if every == 0 else f"checkpoint.pt {cadence} and at the end") + (
-        ", model.pt at the end" if args.save_model else "")
+    return ("no checkpoint.safetensors" if every == 0 else f"checkpoint.safetensors {cadence} and at the end") + (
+        ", model.safetensors at the end" if args.save_model else "")
 
 
 class Run:
@@ -373,8 +671,12 @@ class Run:
         self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
         self.wandb_run_id, self.keys = None, {}  # --track: the W&B run's id; the script's restored checkpoint keys
         self.render_mode = "rgb_array" if args.capture_video else None  # make_env's: --capture-video films env 0
+        self.dir_fd, self.origin = None, ("training made them so" if checkpoint is None else
+                                          f"the run resumed from --resume {command_args.resume}, whose weights, "
+                                          f"statistics and env state it trained on")
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
-            self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+            previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+            self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
 
     def open(self, envs):
         """The script's envs, made right after the seeding: then the run directory and its lock, TensorBoard (and
@@ -382,12 +684,16 @@ class Run:
         script, args, flags, checkpoint = self.script, self.args, self.command_args, self.checkpoint
         self.envs = envs
         if checkpoint is not None:  # before anything is written, TensorBoard's purge of the steps after it included
-            checkpoints.check_counters(checkpoint, f"--resume {flags.resume}",
-                                       self.world_size * args.num_envs * args.num_steps, self.num_iterations)
+            sys.modules["checkpoints"].check_counters(checkpoint, f"--resume {flags.resume}", self.world_size *
+                                                      args.num_envs * args.num_steps, self.num_iterations)
         tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
-        if self.rank == 0:
+        if self.rank == 0:  # the run directory, opened once: checkpoints and models go where the checks looked
             self.run_dir = make_run_dir(flags, script.run_name(args))
-            self.lock = lock_run_dir(self.run_dir)
+            try:
+                self.dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError as error:
+                raise SystemExit(f"{shown(self.run_dir)} cannot be opened ({error.strerror}).") from None
+            self.lock = lock_run_dir(self.run_dir, self.dir_fd)
         lines = {"steps": script.describe(self.hyperparameters, self.num_iterations)}
         if checkpoint is not None:
             lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
@@ -426,15 +732,15 @@ class Run:
         self.saved, global_step, first_iteration = saved, 0, 1
         if self.checkpoint is not None:
             batch_size = self.world_size * self.args.num_envs * self.args.num_steps
-            source = f"--resume {self.command_args.resume}"
-            try:
+            checkpoints, refusal = sys.modules["checkpoints"], None
+            try:  # each worker checks its own part (its envs, random state, statistics) as rank 0 checks its own
                 global_step, first_iteration, next_obs, next_done, returns, self.keys = checkpoints.restore_run(
-                    checkpoints.worker_view(self.checkpoint, self.rank, source), saved, self.envs, next_obs,
-                    next_done, source, batch_size, self.num_iterations)
-            except SystemExit:  # refused: nothing was trained, so let go of what open() took, the lock included
-                self.release()
-                raise
-            self.episode_returns.extend(returns)
+                    checkpoints.worker_view(self.checkpoint, self.rank), saved, self.envs, next_obs, next_done,
+                    f"--resume {self.command_args.resume}", batch_size, self.num_iterations, ENV_WALK)
+                self.episode_returns.extend(returns)
+            except SystemExit as error:
+                refusal = str(error.code)
+            self.stop_if_refused(refusal)
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.last_eval_step = global_step
         self.start_step, self.start_time = global_step, time.time()
@@ -447,14 +753,25 @@ class Run:
         """A script's own value (one of Saved.keys): the run's start value, or in a resumed run the checkpoint's,
         checked against it and by valid(value) (what no run holds, e.g. an EWMA weight below 1, is `meaning`)."""
         value = self.keys.get(key, self.saved.keys[key])
-        if key in self.keys and not valid(value):
-            self.refuse(f"its {key} {meaning}, which no run's does")
+        self.refuse(f"its {key} {meaning}, which no run's does" if key in self.keys and not valid(value) else None)
         return value
 
-    def refuse(self, reason: str):
-        """Stop, in one sentence and before any training, a resume from a checkpoint that no run writes."""
-        self.release()
-        raise SystemExit(f"--resume {self.command_args.resume}: {reason}: it is not this run's.")
+    def refuse(self, reason: Optional[str]):
+        """Stop, in one sentence and before any training, a resume from a checkpoint that no run writes (reason None:
+        go on, where every torchrun worker found none)."""
+        self.stop_if_refused(reason and f"--resume {self.command_args.resume}: {reason}: it is not this run's.")
+
+    def stop_if_refused(self, refusal: Optional[str]) -> None:
+        """Stop every worker with the first worker's refusal, if any refused (torchrun: agreed in one collective, so
+        that every worker says it and none trains); let go of what open() took, the lock included."""
+        refusal = agreed(refusal)
+        if refusal is not None:
+            self.release()
+            raise SystemExit(refusal)
+
+    def check_policy(self, pi) -> None:
+        """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled."""
+        check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}")
 
     def after_step(self, global_step: int, info: dict) -> None:
         """After each vector env step: note the episodes that ended (their raw score), move the progress bar."""
@@ -478,7 +795,7 @@ class Run:
         self.progress.set_status(f"updating: {what}")
 
     def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
-        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write checkpoint.pt when
+        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write checkpoint.safetensors when
         due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: the keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
@@ -500,7 +817,7 @@ class Run:
             time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES)
         due = any_worker(due)  # torchrun: each worker's clock is its own; all write the checkpoint together
         if self.checkpoints and due:
-            self.save("checkpoint.pt", iteration, global_step, next_obs, next_done, **extra)
+            self.save("checkpoint.safetensors", iteration, global_step, next_obs, next_done, **extra)
             self.last_checkpoint_time = time.monotonic()
         self.last_safe_iteration = iteration
         if stop:
@@ -509,44 +826,47 @@ class Run:
     def play_episodes(self):
         """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), the
         training envs' observation statistics frozen, the random state put back after; None if a signal stopped it."""
-        rng, num_episodes, seed = checkpoints.rng_state(), self.command_args.eval_episodes, \
-            self.args.seed + EVAL_SEED_OFFSET
+        rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
         if self.eval_envs is None:
             self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
-        states = checkpoints.normalizer_states(self.envs)
+        states = normalizer_states(self.envs)
         num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-        checkpoints.load_normalizers(self.eval_envs, {f"obs_{i}": states[f"obs_{i % num_obs}"]
-                                                      for i in range(num_episodes)} if num_obs else {}, freeze=True)
+        apply_normalizers(env_normalizers(self.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
+                                                            for i in range(num_episodes)} if num_obs else {}, True)
         weights = {name: model.state_dict() for name, model in self.saved.models.items()}
         load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
         returns = play(self.eval_envs, self.script.acting_policy(self.args, self.eval_envs, load, self.device),
                        num_episodes, seed, stopping=lambda: self.stop_signal is not None)
-        checkpoints.set_rng_state(rng)
+        set_rng_state(rng)
         return returns
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         """Write a checkpoint into the run directory. torchrun: every worker calls it; rank 0 writes one file that
         holds every worker's envs, random state and statistics (under "workers", rank 1 on)."""
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
-        checkpoint = checkpoints.make_checkpoint(
+        checkpoint = make_checkpoint(
             self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
             iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
             script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra)
         if dist.is_initialized():
             parts = [None] * self.world_size if self.rank == 0 else None
-            dist.gather_object(checkpoints.worker_part(checkpoint), parts, dst=0)
+            dist.gather_object(worker_part(checkpoint), parts, dst=0)
             if self.rank != 0:
                 return
             checkpoint["workers"] = parts[1:]
-        checkpoints.save_checkpoint(os.path.join(self.run_dir, file_name), checkpoint)
+        save_checkpoint(os.path.join(self.run_dir, file_name), checkpoint, self.dir_fd)
 
     def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
-        """After the last iteration: model.pt (unless --no-save-model), the closing line; train()'s result."""
-        if self.command_args.save_model:  # torchrun: every worker's part, rank 0 writes
-            self.save("model.pt", iteration, global_step, next_obs, next_done, **extra)
+        """After the last iteration: model.safetensors (unless --no-save-model), the closing line; train()'s result."""
+        path = os.path.join(self.run_dir or ".", "model.safetensors")
+        if self.command_args.save_model and self.rank == 0:  # the policy and what plays it (model_bytes)
+            policy = self.script.policy
+            model = {"script": self.script.name, "args": dataclasses.asdict(self.command_args),
+                     "global_step": global_step, "normalizers": normalizer_states(self.envs),
+                     "models": {policy: self.saved.models[policy].state_dict()}}
+            write_file(path, model_bytes(model, policy), self.dir_fd)
         self.close(global_step)
         if self.command_args.save_model and self.rank == 0:
-            path = os.path.join(self.run_dir, "model.pt")
             print(f"saved {path}; play it: python {self.script.name} --eval-checkpoint {shlex.quote(path)}")
         mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
         return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
@@ -567,6 +887,9 @@ class Run:
             dist.destroy_process_group()
         if self.lock is not None and self.lock in LOCKS_HELD.values():
             os.close(LOCKS_HELD.pop(next(path for path, fd in LOCKS_HELD.items() if fd == self.lock)))
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+            self.dir_fd = None
         for sig, handler in self.old_handlers.items():
             signal.signal(sig, handler)
 
@@ -593,9 +916,9 @@ class Run:
         signum = self.stop_signal
         self.close(global_step)
         print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
-              f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.pt" if self.checkpoints else ""))
+              f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.safetensors" if self.checkpoints else ""))
         if self.checkpoints:
-            path = f"{self.run_dir}/checkpoint.pt"
+            path = f"{self.run_dir}/checkpoint.safetensors"
             print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}")
         else:
             print("no checkpoint was written (--checkpoint-every 0), so this run cannot be resumed")
@@ -616,9 +939,9 @@ def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
 
 # ----------------------------------------------------------------------------- resume: flags and run directory
 def resume_from(args, script: Script) -> tuple:
-    """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint);
-    without it (args, None). A finished run's checkpoint gives its model.pt only. The run writes into the checkpoint's
-    directory: one that holds a newer checkpoint.pt, a finished run's model.pt or a link is refused."""
+    """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint, read
+    by checkpoints.py); without it (args, None). The run writes into the checkpoint's directory: one that holds a newer
+    checkpoint, a finished run's model or a link is refused; a finished run's checkpoint continues nothing."""
     if args.resume is None:
         return args, None
     given = given_flags(args, script)
@@ -627,8 +950,8 @@ def resume_from(args, script: Script) -> tuple:
         raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
                          f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
                          f"checkpoint's own).")
-    source = f"--resume {args.resume}"
-    checkpoint = checkpoints.load_checkpoint(args.resume, "--resume", script)
+    source, checkpoints = f"--resume {args.resume}", service("checkpoints", "--resume")
+    checkpoint = checkpoints.read(args.resume, "--resume", script, kinds=("checkpoint",))
     resumed = checkpoints.checkpoint_args(checkpoint, script, source)
     confirm_env_id(resumed.env_id, given, args, "--resume")
     run_id = checkpoint.get("wandb_run_id")  # continued only where this command line asks for --track
@@ -637,23 +960,16 @@ def resume_from(args, script: Script) -> tuple:
     resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name)
                                                                   for name in (*OUTPUT_FLAGS, *TRACKING_FLAGS)})
     run_dir = os.path.dirname(args.resume) or "."
-    check_run_dir(run_dir, source)
+    checkpoints.check_run_dir(run_dir, source)
     if checkpoint["iteration"] > checkpoint["num_iterations"]:
         raise SystemExit(f"{source}: its iteration {checkpoint['iteration']:,} is beyond its run's "
                          f"{checkpoint['num_iterations']:,}: it is not a checkpoint a run wrote.")
+    newest, model = (os.path.join(run_dir, name) for name in ("checkpoint.safetensors", "model.safetensors"))
     if checkpoint["iteration"] == checkpoint["num_iterations"]:
-        done = f"{source}: that run already finished all {checkpoint['iteration']:,} iterations"
-        if not args.save_model:
-            raise SystemExit(f"{done}; there is nothing to continue.")
-        model_path = os.path.join(run_dir, "model.pt")
-        if not os.path.exists(model_path) and os.environ.get("RANK", "0") == "0":  # the last checkpoint is the final
-            lock = lock_run_dir(run_dir)  # model: written as a run would write it, by the directory's one writer
-            with open(args.resume, "rb") as original:
-                checkpoints.write_file(model_path, lambda file: shutil.copyfileobj(original, file))
-            os.close(LOCKS_HELD.pop(os.path.realpath(os.path.join(run_dir, "run.lock")), lock))
-        print(f"{done}; its final model is {model_path}.")
+        print(f"{source}: that run already finished all {checkpoint['iteration']:,} iterations; " + (
+            f"its model is {model}." if os.path.exists(model) else
+            f"play it: python {script.name} --eval-checkpoint {shlex.quote(args.resume)}"))
         raise SystemExit(0)
-    newest, model = os.path.join(run_dir, "checkpoint.pt"), os.path.join(run_dir, "model.pt")
     kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
         newest, args.resume) else None
     if kept:
@@ -662,54 +978,40 @@ def resume_from(args, script: Script) -> tuple:
     return resumed, checkpoint
 
 
-def check_run_dir(run_dir: str, source: str) -> None:
-    """A run directory this project made holds directories and regular files of one name each: one that is a link,
-    holds a link, a hard link (a write into it lands outside too) or anything else, or cannot be written, is refused."""
-    folders = [run_dir]
-    while folders:  # walked without recursion: however deep it goes
-        folder = folders.pop()
-        info = os.lstat(folder)
-        if not stat.S_ISDIR(info.st_mode):
-            raise SystemExit(f"{source}: {folder} is a link, not a directory: resume the checkpoint where it lies.")
-        for entry in os.scandir(folder):
-            info = entry.stat(follow_symlinks=False)
-            if stat.S_ISDIR(info.st_mode):
-                folders.append(entry.path)
-            elif not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-                kind = stat.S_IFMT(info.st_mode)
-                what = {stat.S_IFLNK: "a link", stat.S_IFREG: "a hard link"}.get(kind, "a special file")
-                raise SystemExit(f"{source}: its directory holds {what}, {entry.path}, which no run makes: the "
-                                 f"resumed run would write through it; resume a copy of the checkpoint in a directory "
-                                 f"of its own.")
-    for name, kind in (("model.pt", "a file"), ("checkpoint.pt", "a file"), ("run.lock", "a file"),
-                       ("videos", "a directory")):  # what the run will write, in the way
-        path = os.path.join(run_dir, name)
-        if os.path.exists(path) and os.path.isdir(path) != (kind == "a directory"):
-            raise SystemExit(f"{source}: its directory holds {path}, which the run writes as {kind}.")
-    if not os.access(run_dir, os.W_OK):
-        raise SystemExit(f"{source}: its directory {run_dir} is not writable.")
+def service(module: str, flag: str):
+    """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file is not
+    beside the scripts, one sentence says to copy it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name != module:
+            raise
+        raise SystemExit(f"{flag} needs {module}.py, which is not beside {sys.argv[0] or 'the script'}: copy it "
+                         f"there from this project.") from None
 
 
-def lock_run_dir(run_dir: str) -> int:
-    """One writer per run directory: run.lock, opened never through a link, locked (flock) while the run lives and
-    holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this process, its own)."""
+def lock_run_dir(run_dir: str, dir_fd: int) -> int:
+    """One writer per run directory (dir_fd, opened): run.lock, opened never through a link, locked (flock) while the
+    run lives and holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this
+    process, its own)."""
     path = os.path.join(run_dir, "run.lock")
     if os.path.realpath(path) in LOCKS_HELD:
         os.close(LOCKS_HELD.pop(os.path.realpath(path)))
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o666)
+        fd = os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd)
     except OSError as error:
-        raise SystemExit(f"{path} cannot be made ({error.strerror}).") from None
+        raise SystemExit(f"{shown(path)} cannot be made ({error.strerror}).") from None
     if os.fstat(fd).st_nlink > 1:  # a hard link: the pid would overwrite another name's file
         os.close(fd)
-        raise SystemExit(f"{path} is a hard link to another file: remove it, and check what else the directory holds.")
+        raise SystemExit(f"{shown(path)} is a hard link to another file: remove it, and check what else the directory "
+                         f"holds.")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         holder = os.read(fd, 32).decode(errors="replace").strip()
         os.close(fd)
-        raise SystemExit(f"{run_dir} is in use by another run (process {holder if holder.isdigit() else '?'}): one "
-                         f"run writes a run directory at a time.") from None
+        raise SystemExit(f"{shown(run_dir)} is in use by another run (process {holder if holder.isdigit() else '?'}): "
+                         f"one run writes a run directory at a time.") from None
     os.ftruncate(fd, 0)
     os.write(fd, f"{os.getpid()}\n".encode())
     LOCKS_HELD[os.path.realpath(path)] = fd
@@ -1117,8 +1419,17 @@ def acting(args) -> str:
 
 
 def evaluate(args, script: Script) -> dict:
-    """--eval-checkpoint: play the saved policy (sampled, or its mode with --eval-deterministic) on one env, its
-    normalization frozen; print and log the raw return (eval/mean_return, eval/std_return; --track: to W&B too)."""
+    """--eval-checkpoint: play the policy of a model or checkpoint file (sampled, or its mode with
+    --eval-deterministic) on one env, its normalization frozen; print and log the raw return (eval/mean_return,
+    eval/std_return; --track: to W&B too). A signal stops it at once while it starts, after the step while it plays."""
+    catch_signals()
+    try:
+        return evaluated(args, script)
+    finally:
+        give_back_signals()
+
+
+def evaluated(args, script: Script) -> dict:
     check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
     if args.resume is not None:
         raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
@@ -1131,8 +1442,8 @@ def evaluate(args, script: Script) -> dict:
     check_tracking(args)
     if args.capture_video:  # before the checkpoint is read; its env, once it is
         check_video(None)
-    source = f"--eval-checkpoint {args.eval_checkpoint}"
-    checkpoint = checkpoints.load_checkpoint(args.eval_checkpoint, "--eval-checkpoint", script)
+    source, checkpoints = f"--eval-checkpoint {args.eval_checkpoint}", service("checkpoints", "--eval-checkpoint")
+    checkpoint = checkpoints.read(args.eval_checkpoint, "--eval-checkpoint", script)
     run_args = checkpoints.checkpoint_args(checkpoint, script, source)
     check_ranges(run_args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, f"{source}: the checkpoint's flag ")
     confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
@@ -1145,7 +1456,7 @@ def evaluate(args, script: Script) -> dict:
     device, device_note = choose_device(args.cuda)
     envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
                            render_mode="rgb_array" if args.capture_video else None)
-    checkpoints.load_normalizers(envs, checkpoint["normalizers"], freeze=True, source=source)
+    checkpoints.load_normalizers(envs, checkpoint["normalizers"], ENV_WALK, source)
     act = script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
         module, checkpoint["models"], name, source), device)  # the weights checked, then loaded
     checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
@@ -1164,6 +1475,9 @@ def evaluate(args, script: Script) -> dict:
         else {}
     try:
         returns = play(envs, act, args.eval_episodes, args.seed, stopping=lambda: bool(stop))
+    except NotFinite as error:
+        raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:]} (its weights and statistics made them "
+                         f"so: it is not a trained run's).") from None
     finally:
         envs.close()
         for sig, handler in handlers.items():
@@ -1268,6 +1582,27 @@ def mean_over_workers(x):
         dist.all_reduce(x)
         x /= dist.get_world_size()
     return x
+
+
+class NotFinite(SystemExit):
+    """check_policy's stop."""
+
+
+def check_policy(pi, origin: str = "") -> None:
+    """Stop in one sentence where the policy's outputs pi (logits, or a Gaussian's mean and log-std) are not finite,
+    before an action is sampled from them; origin says where the numbers came from."""
+    if not bool(torch.isfinite(pi).all()):
+        raise NotFinite(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
+
+
+def agreed(refusal: Optional[str]) -> Optional[str]:
+    """The first refusal of any worker (in rank order), the same on every worker (one collective), so that all stop
+    alike with the same sentence. One process: refusal."""
+    if not dist.is_initialized():
+        return refusal
+    refusals = [None] * dist.get_world_size()
+    dist.all_gather_object(refusals, refusal)
+    return next((refusal for refusal in refusals if refusal is not None), None)
 
 
 def check_finite(iteration: int, **losses) -> None:

@@ -30,7 +30,6 @@ import torch
 import torch.nn as nn
 import tyro
 
-import checkpoints
 import harness
 
 
@@ -439,7 +438,7 @@ def train(args: Args) -> dict:
     # what a checkpoint holds (with the EWMA weight w, the env stack's state and statistics and the RNGs), restored
     # with --resume; checkpoints are taken only where a phase ends (its buffer is then spent), the first phase end
     # at or after every --checkpoint-every iterations
-    saved = checkpoints.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
+    saved = harness.Saved(models={"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy},
                               optimizers={"optimizer": optimizer, "aux_optimizer": aux_optimizer},
                               normalizers={"reward": reward_normalizer, "advantages": adv_moments,
                                            "noise_scale": noise_scale}, keys={"ewma_weight": ewma_weight})
@@ -465,7 +464,8 @@ def train(args: Args) -> dict:
             with torch.no_grad():
                 step_obs = next_obs.to(device)
                 step_pi, values[step] = policy.get_pi(step_obs), value_net(step_obs)
-            action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
+            run.check_policy(step_pi)  # finite, or the run stops in one sentence
+            action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()
             actions[step], behav_pis[step] = action, step_pi
             behav_logps[step] = categorical_log_prob_and_entropy(step_pi, action)[0]
 
@@ -846,6 +846,7 @@ def acting_policy(args: Args, envs, load, device):
 
     def act(obs):
         logits = policy.get_pi(obs)
+        harness.check_policy(logits)
         return logits.argmax(-1) if args.eval_deterministic else torch.distributions.Categorical(logits=logits).sample()
     return harness.actor(act, envs, device)
 
@@ -854,7 +855,7 @@ SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=mak
                         flag_ranges=FLAG_RANGES, check_args=check_args, describe=describe,
                         worker_share=worker_share, procgen=True,
                         missing_flags={"adjust_aux": False},  # runs before --adjust-aux left the aux phase alone
-                        checkpoint_keys=("ewma_weight",))
+                        checkpoint_keys=("ewma_weight",), policy="policy")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ import torch
 import torch.nn as nn
 import tyro
 
-import checkpoints
 import harness
 
 
@@ -198,7 +197,7 @@ def train(args: Args) -> dict:
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     batch = {"obs": obs, "actions": actions, "advantages": rewards, "returns": rewards, "behav_mean": behav_means,
              "behav_log_std": behav_log_stds}  # what each stored batch holds: a checkpoint's are checked against it
-    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                               keys={"replay": deque([batch], maxlen=args.replay_batches)})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     if run.checkpoint is not None:  # the stored batches
@@ -217,9 +216,10 @@ def train(args: Args) -> dict:
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                mean, log_std = agent.get_pi(next_obs).chunk(2, dim=-1)
-                values[step] = agent.get_value(next_obs)
-                action = mean + log_std.exp() * torch.randn_like(mean)  # a ~ N(mu(s), sigma^2), eq. (10)
+                step_pi, values[step] = agent.get_pi(next_obs), agent.get_value(next_obs)
+            run.check_policy(step_pi)  # finite, or the run stops in one sentence
+            mean, log_std = step_pi.chunk(2, dim=-1)
+            action = mean + log_std.exp() * torch.randn_like(mean)  # a ~ N(mu(s), sigma^2), eq. (10)
             actions[step], behav_means[step], behav_log_stds[step] = action, mean, log_std
 
             # the env sees the action clipped to its bounds; log-probabilities use the sampled one
@@ -423,7 +423,9 @@ def acting_policy(args: Args, envs, load, device):
     load(agent, "agent")  # the checkpoint's weights, checked
 
     def act(obs):
-        mean, log_std = agent.get_pi(obs).chunk(2, dim=-1)
+        pi = agent.get_pi(obs)
+        harness.check_policy(pi)
+        mean, log_std = pi.chunk(2, dim=-1)
         return mean if args.eval_deterministic else mean + log_std.exp() * torch.randn_like(mean)
     return harness.actor(act, envs, device)
 

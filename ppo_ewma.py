@@ -36,7 +36,6 @@ import torch.nn as nn
 import tyro
 from gymnasium.wrappers.utils import RunningMeanStd
 
-import checkpoints
 import harness
 
 
@@ -427,7 +426,7 @@ def train(args: Args) -> dict:
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
     # --rnn: what the acting network carries from step to step, its core state and last action and raw reward
     memory = agent.core.initial_memory(args.num_envs, device) if args.rnn else {}
-    saved = checkpoints.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
+    saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                               normalizers={"reward": reward_normalizer, "advantages": adv_moments,
                                            "noise_scale": noise_scale, "value": value_moments},
                               keys={"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})})
@@ -452,6 +451,7 @@ def train(args: Args) -> dict:
                 else:
                     step_pi, step_value = agent(next_obs)
                 values[step] = raw(step_value)
+            run.check_policy(step_pi)  # finite, or the run stops in one sentence
             action = sample_actions(step_pi, continuous, nvec)
             actions[step], behav_pis[step] = action, step_pi
 
@@ -1054,6 +1054,7 @@ def acting_policy(args: Args, envs, load, device):
     def sample(obs, prev_reward=None, done=None):  # --rnn: the previous step's reward and done, and its action below
         pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward)) if args.rnn \
             else (agent.get_pi(obs), None, None)
+        harness.check_policy(pi)
         memory["prev_action"] = sample_actions(pi, agent.continuous, agent.nvec, mode=args.eval_deterministic)
         return memory["prev_action"]
     return harness.actor(sample, envs, device, memory=bool(args.rnn))

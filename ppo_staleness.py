@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 import tyro
 
-import checkpoints
 import harness
 
 
@@ -264,7 +263,7 @@ def train(args: Args) -> dict:
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds besides the envs and RNGs, restored with --resume (not the queue: see count_iterations)
-    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                               normalizers={"reward": reward_normalizer}, keys={"trained_steps": 0, "queued": 0})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)
     trained_steps = run.restored("trained_steps")
@@ -284,7 +283,8 @@ def train(args: Args) -> dict:
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
                 step_pi, values[step] = agent(next_obs)
-            action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
+            run.check_policy(step_pi)  # finite, or the run stops in one sentence
+            action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()
             actions[step], behav_pis[step] = action, step_pi
             behav_logps[step] = categorical_log_prob_and_entropy(step_pi, action)[0]
 
@@ -547,7 +547,9 @@ def count_iterations(args: Args, num_iterations: int, checkpoint) -> int:
     of 0.8 GB at the paper's scale), so a resumed run collects as many rollouts as its checkpoint's queue held again."""
     if checkpoint is not None:
         source = f"--resume {args.resume}"
-        queued = checkpoints.checked(checkpoint.get("queued"), args.staleness, "queued", source)
+        queued = checkpoint.get("queued")
+        if type(queued) is not int:
+            raise SystemExit(f"{source}: its queued is a {type(queued).__name__}, not an int: it is not this run's.")
         if not 0 <= queued <= args.staleness:
             raise SystemExit(f"{source}: its queued {queued} is not a queue's length under --staleness "
                              f"{args.staleness}.")
@@ -573,6 +575,7 @@ def acting_policy(args: Args, envs, load, device):
 
     def act(obs):
         logits = agent.get_pi(obs)
+        harness.check_policy(logits)
         return logits.argmax(-1) if args.eval_deterministic else torch.distributions.Categorical(logits=logits).sample()
     return harness.actor(act, envs, device)
 

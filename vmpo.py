@@ -30,7 +30,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 import tyro
 
-import checkpoints
 import harness
 
 
@@ -308,7 +307,7 @@ def train(args: Args) -> dict:
     # --lstm: what the acting network carries from step to step, its core state [N, 2, H] and last action and reward:
     # zero at the start, as the checkpoint left it with --resume
     memory = agent.core.initial_memory(args.num_envs, device) if args.lstm else {}
-    saved = checkpoints.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
+    saved = harness.Saved(models={"agent": agent, "target_agent": target_agent, "multipliers": multipliers},
                               optimizers={"optimizer": optimizer}, keys={"memory": memory} if args.lstm else {})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     learning_steps = (first_iteration - 1) * args.update_epochs * args.num_minibatches
@@ -328,11 +327,12 @@ def train(args: Args) -> dict:
                     step_pi, _, acting_state = target_agent.step(next_obs, next_done, **memory)
                 else:
                     step_pi, values[step] = act_and_value(target_agent, agent, next_obs, in_sync)
+            run.check_policy(step_pi)  # finite, or the run stops in one sentence
             if agent.continuous:
-                action = torch.distributions.Normal(*step_pi.chunk(2, -1), validate_args=False).sample()  # no sync
+                action = torch.distributions.Normal(*step_pi.chunk(2, -1), validate_args=False).sample()
                 env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
             else:
-                action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()  # no device sync
+                action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()
                 env_action = action.cpu().numpy()
             actions[step] = action
 
@@ -740,6 +740,7 @@ def acting_policy(args: Args, envs, load, device):
     def act(obs, prev_reward=None, done=None):  # --lstm: the previous step's reward and done, and its action below
         pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward)) if args.lstm \
             else (agent.get_pi(obs), None, None)
+        harness.check_policy(pi)
         if args.eval_deterministic:
             memory["prev_action"] = pi.chunk(2, dim=-1)[0] if agent.continuous else pi.argmax(-1)
         else:
@@ -751,7 +752,8 @@ def acting_policy(args: Args, envs, load, device):
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
-                        worker_share=harness.worker_share, procgen=True, actions="any", checkpoint_keys=("memory",))
+                        worker_share=harness.worker_share, procgen=True, actions="any", checkpoint_keys=("memory",),
+                        policy="target_agent")
 
 
 if __name__ == "__main__":

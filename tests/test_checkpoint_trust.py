@@ -3,7 +3,9 @@ a correct run, within seconds, importing, allocating and writing nothing that th
 (docs/running.md, "A checkpoint from someone else"). Each test failed on the code before these checks."""
 import copy
 import dataclasses
+import errno
 import glob
+import json
 import math
 import os
 import re
@@ -16,12 +18,15 @@ import zipfile
 
 import numpy as np
 import pytest
+import safetensors
+import safetensors.torch
 import torch
 import tyro
 
 import checkpoints
 import harness
 import ppo_ewma
+from saved_files import read_back, write_back
 
 TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, gamma=0.99, cuda=False)
 SCRIPT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,18 +34,18 @@ SCRIPT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 @pytest.fixture
 def stopped(tmp_path, monkeypatch):
-    """A tiny PPO run as if stopped after iteration 1 of 3: (its checkpoint.pt, craft), where craft(edit) writes the
-    checkpoint changed by edit(checkpoint) as the run's newest, with no model.pt beside it."""
+    """A tiny PPO run as if stopped after iteration 1 of 3: (its checkpoint.safetensors, craft), where craft(edit) writes the
+    checkpoint changed by edit(checkpoint) as the run's newest, with no model.safetensors beside it."""
     monkeypatch.chdir(tmp_path)
     result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=1))
-    path, model = (os.path.join(result["run_dir"], name) for name in ("checkpoint.pt", "model.pt"))
-    original = torch.load(path, weights_only=True)
+    path, model = (os.path.join(result["run_dir"], name) for name in ("checkpoint.safetensors", "model.safetensors"))
+    original = read_back(path)
     original.update(iteration=1, global_step=64)  # the env state is iteration 3's: a resume needs only data
 
     def craft(edit=lambda checkpoint: None):
         checkpoint = copy.deepcopy(original)
         edit(checkpoint)
-        torch.save(checkpoint, path)
+        write_back(path, checkpoint)
         if os.path.exists(model):
             os.remove(model)
         return path
@@ -83,51 +88,127 @@ def test_a_checkpoints_module_env_id_is_imported_only_where_the_command_line_nam
 
 
 # 2 -------------------------------------------------------------------------------------------- memory and time
-def test_no_checkpoint_makes_a_load_allocate_more_than_the_rebuilt_run_holds(stopped, capsys):
+def test_no_checkpoint_makes_a_load_allocate_more_than_the_rebuilt_run_holds(stopped, capsys, monkeypatch):
     path, craft = stopped
-    huge = torch.zeros(1).expand(10**10)  # a few bytes on disk; a copy would need 37 GiB
-    craft(lambda checkpoint: layer(checkpoint, "SyncVectorEnv").update(_observations=huge))
+    read = []  # the tensors read from the file, by name: only those whose dtype and shape are the run's
+    real_read = checkpoints.Stored.read
+    monkeypatch.setattr(checkpoints.Stored, "read", lambda self: (read.append(self.name), real_read(self))[1])
+    craft(lambda checkpoint: layer(checkpoint, "SyncVectorEnv").update(_observations=torch.zeros(10**6)))
     started = time.monotonic()
     result = ppo_ewma.train(ppo_ewma.Args(resume=path))
     assert result["global_step"] == 3 * 64 and time.monotonic() - started < 30
     assert ("note: --resume: the envs restart with new episodes (the checkpoint's SyncVectorEnv._observations is a "
-            "torch.float32 tensor of shape [10000000000], not a torch.float32 tensor of shape [2, 4])."
+            "torch.float32 tensor of shape [1000000], not a torch.float32 tensor of shape [2, 4])."
             in capsys.readouterr().out)
-    halves = [0.0]  # a list of depth 40 whose halves are one object: 118 KB pickled, 2^40 items walked
+    assert read and not [name for name in read if name.endswith("_observations")]  # its 4 MB never read
+    deep = [0.0]  # nesting beyond any checkpoint's: refused before json builds any of it
     for _ in range(40):
-        halves = [halves, halves]
-    craft(lambda checkpoint: layer(checkpoint, "RecordEpisodeStatistics").update(return_queue=halves))
-    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
-    assert "RecordEpisodeStatistics.return_queue[0] is a list, not a float" in capsys.readouterr().out
-    for edit, message in [
-        (lambda checkpoint: checkpoint["normalizers"]["reward"].update(returns=torch.zeros(1).expand(10**10)),
-         r"^--resume .*checkpoint\.pt: its reward statistics\['returns'\] is a torch\.float32 tensor of shape "
-         r"\[10000000000\], not a torch\.float32 tensor of shape \[2\]: it is not this run's\.$"),
-        (lambda checkpoint: checkpoint["models"]["agent"].update({"actor.weight": torch.zeros(1).expand(10**5, 10**5)}),
-         r"^--resume .*checkpoint\.pt: its agent\['actor\.weight'\] is a torch\.float32 tensor of shape "
-         r"\[100000, 100000\], not a torch\.float32 tensor of shape \[2, 64\]: it is not this run's\.$"),
-        (lambda checkpoint: checkpoint["optimizers"]["optimizer"]["state"][0].update(exp_avg=torch.zeros(1).expand(
-            10**10)), r"^--resume .*checkpoint\.pt: its optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 "
-                      r"tensor of shape \[10000000000\], not a torch\.float32 tensor of shape \[64, 4\]"),
-        (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 10**6, 0, 0, 0.0)),
-         r"^--resume .*checkpoint\.pt would build more than 64 MiB of Python objects as it is read \(a run's "
-         r"checkpoint holds far less\): it is not a checkpoint of this project\.$"),  # 10^6 numbers, each an object
+        deep = [deep]
+    craft(lambda checkpoint: layer(checkpoint, "RecordEpisodeStatistics").update(return_queue=deep))
+    with pytest.raises(SystemExit, match=r"checkpoint\.safetensors is not a checkpoint a run writes: its metadata nests "
+                                         r"deeper than 32\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    for edit, message, crafted in [  # the crafted tensor, of the wrong shape, is never read
+        (lambda checkpoint: checkpoint["normalizers"]["reward"].update(returns=torch.zeros(10**6)),
+         r"^--resume .*checkpoint\.safetensors: its reward statistics\['returns'\] is a torch\.float32 tensor of shape "
+         r"\[1000000\], not a torch\.float32 tensor of shape \[2\]: it is not this run's\.$", "normalizers/reward/returns"),
+        (lambda checkpoint: checkpoint["models"]["agent"].update({"actor.weight": torch.zeros(1000, 64)}),
+         r"^--resume .*checkpoint\.safetensors: its agent\['actor\.weight'\] is a torch\.float32 tensor of shape "
+         r"\[1000, 64\], not a torch\.float32 tensor of shape \[2, 64\]: it is not this run's\.$",
+         "models/agent/actor.weight"),
+        (lambda checkpoint: checkpoint["optimizers"]["optimizer"]["state"][0].update(exp_avg=torch.zeros(10**6)),
+         r"^--resume .*checkpoint\.safetensors: its optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 "
+         r"tensor of shape \[1000000\], not a torch\.float32 tensor of shape \[64, 4\]",
+         "optimizers/optimizer/state/0/exp_avg"),
+        (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 300_000, 0, 0, 0.0)),  # each a value
+         r"^--resume .*checkpoint\.safetensors is not a checkpoint a run writes: its metadata holds more than 262,144 "
+         r"values\.$", None),
         (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 1000, 0, 0, 0.0)),
-         r"^--resume .*checkpoint\.pt: its rng\['numpy'\]\[1\] is not a list of 624 items: it is not this run's\.$"),
+         r"^--resume .*checkpoint\.safetensors: its rng\['numpy'\]\[1\] is not a list of 624 items: it is not this "
+         r"run's\.$", None),
+    ]:
+        craft(edit)
+        read.clear()
+        with pytest.raises(SystemExit, match=message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+        assert crafted not in read
+
+
+def raw_file(path, header: dict, body: bytes = b"", length=None) -> None:
+    """A safetensors file as anyone could write it: header (its JSON; length: what its first 8 bytes say), body."""
+    text = json.dumps(header).encode()
+    with open(path, "wb") as file:
+        file.write((len(text) if length is None else length).to_bytes(8, "little") + text + body)
+
+
+def test_a_zip_is_refused_before_any_of_it_is_read(stopped, monkeypatch):
+    # torch.save's format, a zip of a pickle, had two readers (Python's zipfile, torch's miniz) that could be shown
+    # two different files in one; a zip, or anything that is not a safetensors file, is now refused by its first
+    # bytes, and neither reader is ever called
+    path, _ = stopped
+    monkeypatch.setattr(torch, "load", lambda *args, **kwargs: pytest.fail("torch.load read a file"))
+    monkeypatch.setattr(zipfile, "ZipFile", lambda *args, **kwargs: pytest.fail("zipfile read a file"))
+    shutil.copyfile(os.path.join(SCRIPT_DIR, "tests", "old_checkpoints", "ppo_ewma.pt"), path)
+    for args in (ppo_ewma.Args(resume=path), ppo_ewma.Args(eval_checkpoint=path)):
+        with pytest.raises(SystemExit, match=r"is a \.pt file of an earlier version of this project"):
+            ppo_ewma.train(args)
+    with open(path, "wb") as file:  # a safetensors header's length, then a zip's records
+        file.write((100).to_bytes(8, "little") + b"PK\x03\x04" + b"\0" * 200)
+    with pytest.raises(SystemExit, match=r"checkpoint\.safetensors cannot be read as a safetensors file \("):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+
+
+def test_a_header_beyond_any_runs_is_refused_before_safetensors_reads_it(stopped, monkeypatch):
+    path, craft = stopped
+    parsed = []  # safetensors builds the whole header before this project sees it: it must not be asked to
+    real_open = checkpoints.safetensors.safe_open
+    monkeypatch.setattr(checkpoints.safetensors, "safe_open", lambda *args: (parsed.append(1), real_open(*args))[1])
+    craft(lambda checkpoint: checkpoint["args"].update(exp_name="\U0001F600" * 1_500_000))  # 21 MB, each \\ud83d\\ude00 in JSON
+    with pytest.raises(SystemExit, match=r"checkpoint\.safetensors is not a file a run writes: a safetensors file whose "
+                                         r"header is at most 16 MiB \(its first 8 bytes give 21,\d{3},\d{3} bytes, of "):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    raw_file(path, {"__metadata__": {"checkpoint": "{}"}}, length=2**40)  # a length beyond the file itself
+    with pytest.raises(SystemExit, match=r"its first 8 bytes give 1,099,511,627,776 bytes, of 4\d\)\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert parsed == []
+
+
+def test_the_metadatas_json_is_bounded_before_it_is_built(stopped):
+    path, craft = stopped
+    for edit, message in [
+        (lambda c: c["optimizers"]["optimizer"]["state"].update(dict.fromkeys(range(10, 200_000), 0.0)),
+         r"its metadata holds more than 262,144 values"),  # 150,000 int keys that hash alike once took minutes
+        (lambda c: c.update(episode_returns=[10**40]), r"it holds an int of more than 39 digits"),
+        (lambda c: c["args"].update(seed=2**128), r"its flag seed is 340282366920938463463374607431768211456, which "),
     ]:
         craft(edit)
         with pytest.raises(SystemExit, match=message):
             ppo_ewma.train(ppo_ewma.Args(resume=path))
-
-
-def test_compressed_checkpoints_are_refused_before_they_inflate(stopped):
-    path, _ = stopped
-    with zipfile.ZipFile(path) as archive, zipfile.ZipFile(path + ".zip", "w", zipfile.ZIP_DEFLATED) as deflated:
-        for entry in archive.infolist():  # the same checkpoint, deflated: torch.load would read it, 1000:1 and more
-            deflated.writestr(entry.filename, archive.read(entry.filename))
-    os.replace(path + ".zip", path)
-    with pytest.raises(SystemExit, match=r"holds compressed or encrypted data, which torch\.save never writes: it "
-                                         r"is not a checkpoint\.$"):
+    craft()
+    file = safetensors.safe_open(path, "pt")
+    text, tensors = file.metadata()["checkpoint"], {name: file.get_tensor(name) for name in file.keys()}
+    for changed, message in [
+        (text.replace('"gamma":0.99', '"gamma":NaN', 1), r"it holds NaN, which JSON does not have"),
+        (text.replace('"gamma":0.99', '"gamma":1e999', 1), r"it holds the number '1e999', which a run writes as a "
+                                                           r"\$float"),
+        (text.replace('"gamma":0.99', '"gamma":0.99,"gamma":0.5', 1), r"an object of its metadata holds a key twice"),
+        (text.replace('{"$tensor":"env/next_obs"}', '{"$tensor":"env/next_done"}', 1),
+         r"it holds \{'\$tensor': 'env/next_done'\}, which is none of the format's tags \(or names a tensor that is "
+         r"not in the body, or twice\)"),
+        (text.replace('{"$tensor":"env/next_obs"}', '{"$code":"env/next_obs"}', 1), r"it holds \{'\$code'"),
+        (text.replace('{"$tensor":"env/next_obs"}', '[]', 1), r"its metadata does not name the tensor 'env/next_obs'"),
+    ]:
+        assert changed != text
+        safetensors.torch.save_file(tensors, path, metadata={"checkpoint": changed})
+        with pytest.raises(SystemExit, match=r"checkpoint\.safetensors is not a checkpoint a run writes: " + message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    raw_file(path, {"__metadata__": {"checkpoint": "{}"}, "x": {"dtype": "F32", "shape": [10**10],
+                                                               "data_offsets": [0, 16]}}, b"\0" * 16)
+    with pytest.raises(SystemExit, match=r"cannot be read as a safetensors file \("):  # a shape its bytes do not fill
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    raw_file(path, {"__metadata__": {"other": "{}"}})
+    with pytest.raises(SystemExit, match=r"is not a file a run writes: its metadata holds neither a checkpoint nor a "
+                                         r"model\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
 
 
@@ -162,16 +243,16 @@ def test_the_env_state_sets_only_its_layers_own_attributes_with_their_types(stop
         assert f"the envs restart with new episodes (the checkpoint's {reason})" in capsys.readouterr().out
     for edit, message in [
         (lambda checkpoint: checkpoint["args"].update(num_envs="2"),
-         r"checkpoint\.pt: its flag num_envs is '2', which --num-envs cannot be \(<class 'int'>\)\.$"),
-        (lambda checkpoint: checkpoint["args"].update(objective="bogus"), r"checkpoint\.pt: its flag objective is "),
+         r"checkpoint\.safetensors: its flag num_envs is '2', which --num-envs cannot be \(<class 'int'>\)\.$"),
+        (lambda checkpoint: checkpoint["args"].update(objective="bogus"), r"checkpoint\.safetensors: its flag objective is "),
         (lambda checkpoint: checkpoint["args"].update(num_envs=-2),
-         r"checkpoint\.pt: the checkpoint's flag --num-envs must be in \[1, inf\), got -2\.$"),
+         r"checkpoint\.safetensors: the checkpoint's flag --num-envs must be in \[1, inf\), got -2\.$"),
         (lambda checkpoint: checkpoint["normalizers"]["advantages"].update(__dict__={}),
-         r"checkpoint\.pt: its advantages statistics does not hold the keys "),
+         r"checkpoint\.safetensors: its advantages statistics does not hold the keys "),
         (lambda checkpoint: checkpoint["models"]["agent"].update({"critic.weight": torch.zeros(2, 64)}),
-         r"checkpoint\.pt: its agent\['critic\.weight'\] is a torch\.float32 tensor of shape \[2, 64\], not a "
+         r"checkpoint\.safetensors: its agent\['critic\.weight'\] is a torch\.float32 tensor of shape \[2, 64\], not a "
          r"torch\.float32 tensor of shape \[1, 64\]: it is not this run's\.$"),
-        (lambda checkpoint: checkpoint.update(ewma_weight=[1.0] * 3), r"checkpoint\.pt: its ewma_weight is a list, not "
+        (lambda checkpoint: checkpoint.update(ewma_weight=[1.0] * 3), r"checkpoint\.safetensors: its ewma_weight is a list, not "
                                                                      r"a float: it is not this run's\.$"),
     ]:
         craft(edit)
@@ -191,16 +272,16 @@ def test_runs_never_share_a_directory_nor_overwrite_a_newer_checkpoint(stopped, 
     run_dir = os.path.dirname(path)
     older = os.path.join(run_dir, "older.pt")  # an older copy of the checkpoint, beside the newest
     shutil.copyfile(path, older)
-    with pytest.raises(SystemExit, match=r"older\.pt: its directory holds .*checkpoint\.pt, which the resumed run "
+    with pytest.raises(SystemExit, match=r"older\.pt: its directory holds .*checkpoint\.safetensors, which the resumed run "
                                          r"would overwrite; to branch from this checkpoint, copy it into a directory "
                                          r"of its own and resume the copy\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=older))
-    stale = os.path.join(run_dir, ".checkpoint.pt.0123456789abcdef.tmp")  # what a write killed by SIGKILL leaves
+    stale = os.path.join(run_dir, ".checkpoint.safetensors.0123456789abcdef.tmp")  # what a write killed by SIGKILL leaves
     open(stale, "w").close()
     ppo_ewma.train(ppo_ewma.Args(resume=path))  # the newest checkpoint: the run continues in its directory
-    assert not os.path.exists(stale) and os.path.exists(os.path.join(run_dir, "model.pt"))
-    with pytest.raises(SystemExit, match=r"its directory holds .*model\.pt, which the resumed run would overwrite"):
-        ppo_ewma.train(ppo_ewma.Args(resume=older))  # a finished run's model.pt
+    assert not os.path.exists(stale) and os.path.exists(os.path.join(run_dir, "model.safetensors"))
+    with pytest.raises(SystemExit, match=r"its directory holds .*model\.safetensors, which the resumed run would overwrite"):
+        ppo_ewma.train(ppo_ewma.Args(resume=older))  # a finished run's model.safetensors
     with pytest.raises(SystemExit, match=r"^--exp-name '/\.\./\.\./x' must be a plain name \(no '/'\) of at most 64 "
                                          r"characters: it names the run's directory in runs/\.$"):
         ppo_ewma.train(ppo_ewma.Args(**TINY, exp_name="/../../x"))
@@ -263,16 +344,29 @@ def test_every_way_an_env_id_can_fail_is_said_in_one_sentence(tmp_path, monkeypa
     assert not os.path.exists("runs")
 
 
+def model_file(module, path, scale: float = 1.0, **flags) -> None:
+    """A model file of `module` as a run writes it, with a fresh policy's weights times `scale` and `flags`."""
+    env_id = "Pendulum-v1" if module.SCRIPT.actions == "continuous" else "CartPole-v1"  # what it builds on
+    args = module.SCRIPT.defaults(module.Args(**{**TINY, "env_id": env_id}))
+    envs = module.make_env(dataclasses.replace(args, num_envs=1))
+    built = []
+    module.SCRIPT.acting_policy(args, envs, lambda network, name: built.append(network), "cpu")
+    weights = {name: value * scale for name, value in built[0].state_dict().items()}
+    model = {"script": module.SCRIPT.name, "args": dataclasses.asdict(module.Args(**{**TINY, "env_id": env_id, **flags})),
+             "global_step": 64,
+             "normalizers": harness.normalizer_states(envs), "models": {module.SCRIPT.policy: weights}}
+    harness.write_file(str(path), harness.model_bytes(model, module.SCRIPT.policy))
+    envs.close()
+
+
 @pytest.mark.parametrize("script", ["ppg_ewma", "ppo_staleness", "ppo_er"])
 def test_evaluating_a_user_env_model_without_its_module_says_so(tmp_path, monkeypatch, script):
     module = __import__(script)
-    monkeypatch.chdir(tmp_path)
-    checkpoint = torch.load(os.path.join(SCRIPT_DIR, "tests", "old_checkpoints", f"{script}.pt"), weights_only=True)
-    checkpoint["args"]["env_id"] = "gone_envs:Grid2D-v0"  # trained on a user's env whose module is not here
-    torch.save(checkpoint, "model.pt")
+    monkeypatch.chdir(tmp_path)  # trained on a user's env whose module is not here
+    model_file(module, "model.safetensors", env_id="gone_envs:Grid2D-v0")
     with pytest.raises(SystemExit, match=r"^--env-id gone_envs:Grid2D-v0: its module gone_envs cannot be found; it "
                                          r"must be in the scripts' folder or on PYTHONPATH\.$"):
-        module.train(module.Args(eval_checkpoint="model.pt", env_id="gone_envs:Grid2D-v0", cuda=False))
+        module.train(module.Args(eval_checkpoint="model.safetensors", env_id="gone_envs:Grid2D-v0", cuda=False))
     assert ":" not in module.SCRIPT.run_name(module.Args(env_id="user_envs:Grid2D-v0"))  # a portable run directory
 
 
@@ -282,12 +376,12 @@ def test_the_checks_take_what_runs_save_observation_statistics_included(tmp_path
     monkeypatch.chdir(tmp_path)  # Hopper's statistics are float64 once updated; a fresh evaluation env's float32
     trained = vmpo.train(vmpo.Args(env_id="Hopper-v5", num_envs=2, num_steps=64, num_minibatches=4,
                                    total_timesteps=128, cuda=False))
-    saved = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["normalizers"]["obs_0"]
+    saved = read_back(f"{trained['run_dir']}/model.safetensors")["normalizers"]["obs_0"]
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Hopper-v5", num_envs=1)))
-    checkpoints.load_normalizers(envs, {"obs_0": saved}, freeze=True)
-    rms = checkpoints.env_normalizers(envs)["obs_0"][1]
+    checkpoints.load_normalizers(envs, {"obs_0": saved}, harness.ENV_WALK)
+    rms = harness.env_normalizers(envs)["obs_0"][1]
     assert saved["mean"].dtype == torch.float64 and np.array_equal(rms.mean, saved["mean"].numpy())
-    assert len(vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=1,
+    assert len(vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=1,
                                     cuda=False))["returns"]) == 1
 
 
@@ -305,15 +399,15 @@ def test_a_run_directory_with_a_link_is_refused_and_the_file_behind_it_stays(sto
     path, craft = stopped
     target = outside(tmp_path)
     run_dir = os.path.dirname(path)
-    # finished run: its model.pt was copied through model.pt.tmp, which a shipped directory made a link to target
+    # finished run: its model.safetensors was copied through model.safetensors.tmp, which a shipped directory made a link to target
     craft(lambda checkpoint: checkpoint.update(iteration=3, global_step=3 * 64))
-    os.symlink(target, os.path.join(run_dir, "model.pt.tmp"))
-    with pytest.raises(SystemExit, match=r"its directory holds a link, .*model\.pt\.tmp, which no run makes: the "
+    os.symlink(target, os.path.join(run_dir, "model.safetensors.tmp"))
+    with pytest.raises(SystemExit, match=r"its directory holds a link, .*model\.safetensors\.tmp, which no run makes: the "
                                          r"resumed run would write through it"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
-    os.remove(os.path.join(run_dir, "model.pt.tmp"))
-    for pid in range(4):  # a link for every temporary name an older writer used (checkpoint.pt.tmp<pid>)
-        os.symlink(target, os.path.join(run_dir, f"checkpoint.pt.tmp{pid}"))
+    os.remove(os.path.join(run_dir, "model.safetensors.tmp"))
+    for pid in range(4):  # a link for every temporary name an older writer used (checkpoint.safetensors.tmp<pid>)
+        os.symlink(target, os.path.join(run_dir, f"checkpoint.safetensors.tmp{pid}"))
     craft()
     with pytest.raises(SystemExit, match=r"its directory holds a link"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
@@ -322,31 +416,41 @@ def test_a_run_directory_with_a_link_is_refused_and_the_file_behind_it_stays(sto
 
 def test_every_write_makes_a_new_file_and_replaces_a_link_instead_of_following_it(tmp_path):
     target = outside(tmp_path)
-    path = str(tmp_path / "checkpoint.pt")
+    path = str(tmp_path / "checkpoint.safetensors")
     os.symlink(target, path)  # a link at the final name: replaced, not followed
-    checkpoints.save_checkpoint(path, {"iteration": 1})
-    assert not os.path.islink(path) and torch.load(path)["iteration"] == 1
+    harness.save_checkpoint(path, {"iteration": 1})
+    assert not os.path.islink(path) and read_back(path)["iteration"] == 1
     assert target.read_text() == "the user's own file\n"
-    os.mkdir(tmp_path / "model.pt")  # a directory in the way: one sentence, no temporary left
-    with pytest.raises(SystemExit, match=r"model\.pt could not be written \(Is a directory\)\.$"):
-        checkpoints.save_checkpoint(str(tmp_path / "model.pt"), {"iteration": 1})
-    assert sorted(os.listdir(tmp_path)) == ["checkpoint.pt", "model.pt", OUTSIDE]
+    os.mkdir(tmp_path / "model.safetensors")  # a directory in the way: one sentence, no temporary left
+    with pytest.raises(SystemExit, match=r"model\.safetensors could not be written \(Is a directory\)\.$"):
+        harness.save_checkpoint(str(tmp_path / "model.safetensors"), {"iteration": 1})
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.safetensors", "model.safetensors", OUTSIDE]
 
 
 def test_a_full_disk_is_one_sentence_the_previous_checkpoint_intact_and_no_temporary_left(tmp_path, monkeypatch):
-    path = str(tmp_path / "checkpoint.pt")
-    checkpoints.save_checkpoint(path, {"iteration": 1})
+    path = str(tmp_path / "checkpoint.safetensors")
+    harness.save_checkpoint(path, {"iteration": 1})
+    real_fdopen = os.fdopen
 
-    def full(obj, file):  # torch.save on a full disk: part of the file written, then PyTorchFileWriter's error
-        file.write(b"part of a checkpoint")
-        raise RuntimeError("[enforce fail at inline_container.cc:626] . PytorchStreamWriter failed writing file "
-                           "data/0: file write failed")
-    monkeypatch.setattr(checkpoints.torch, "save", full)
-    with pytest.raises(SystemExit, match=r"checkpoint\.pt could not be written \(the disk is full\); the one before "
-                                         r"is kept\.$"):
-        checkpoints.save_checkpoint(path, {"iteration": 2})
+    class FillsTheDisk:  # a file on a full disk: part of the checkpoint written, then ENOSPC
+        def __init__(self, fd, mode):
+            self.file = real_fdopen(fd, mode)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *error):
+            self.file.close()
+
+        def write(self, data):
+            self.file.write(data[:100])
+            raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(harness.os, "fdopen", FillsTheDisk)
+    with pytest.raises(SystemExit, match=r"checkpoint\.safetensors could not be written \(the disk is full\); the one "
+                                         r"before is kept\.$"):
+        harness.save_checkpoint(path, {"iteration": 2})
     monkeypatch.undo()
-    assert os.listdir(tmp_path) == ["checkpoint.pt"] and torch.load(path)["iteration"] == 1
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"] and read_back(path)["iteration"] == 1
 
 
 # 2 ------------------------------------------------------------------ nothing from a file chooses where data goes
@@ -463,7 +567,7 @@ def test_a_second_run_of_one_directory_is_refused_while_the_first_lives(stopped)
 def test_every_value_read_fits_the_run_or_is_refused_in_one_sentence_naming_the_file_and_key(stopped):
     path, craft = stopped
     nan = float("nan")
-    named = r"^--resume .*checkpoint\.pt: its "
+    named = r"^--resume .*checkpoint\.safetensors: its "
     for edit, message in [
         (lambda c: c["normalizers"]["reward"].update(mean=nan), r"reward statistics\['mean'\] is \S+, beyond any run.s"),
         (lambda c: c["normalizers"]["obs_0"].update(var=torch.full((4,), math.inf)) if "obs_0" in c["normalizers"]
@@ -471,7 +575,7 @@ def test_every_value_read_fits_the_run_or_is_refused_in_one_sentence_naming_the_
         (lambda c: c["optimizers"]["optimizer"]["param_groups"][0].update(lr=nan),
          r"optimizer\['param_groups'\]\[0\]\['lr'\] is \S+, beyond any run.s"),
         (lambda c: c["normalizers"]["reward"].update(mean=torch.tensor(0.5, dtype=torch.bfloat16)),
-         r"reward statistics\['mean'\] is a Tensor, not a float"),
+         r"reward statistics\['mean'\] is a torch\.bfloat16 tensor of shape \[\], not a float"),
         (lambda c: c["optimizers"]["optimizer"]["state"][0].update(exp_avg=torch.zeros(())),
          r"optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 tensor of shape \[\], not a torch\.float32 "
          r"tensor of shape \[64, 4\]"),
@@ -497,25 +601,22 @@ def test_every_value_read_fits_the_run_or_is_refused_in_one_sentence_naming_the_
         craft(edit)
         with pytest.raises(SystemExit, match=named + message):
             ppo_ewma.train(ppo_ewma.Args(resume=path))
-    for edit, opcode in [  # a tensor that is not a plain one is not even unpickled: torch.save rebuilds it otherwise
-        (lambda c: c["normalizers"]["reward"].update(mean=torch.empty((), device="meta")),
-         "GLOBAL 'torch._utils _rebuild_meta"),
-        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1).to_sparse()}),
-         "GLOBAL 'torch._utils _rebuild_sparse"),
-        (lambda c: c["env"].update(next_obs=torch.nn.Parameter(c["env"]["next_obs"])),
-         "GLOBAL 'torch._utils _rebuild_parameter"),
-        (lambda c: c.update(episode_returns=[10**400]), "LONG1, an int of 1329 bits"),  # no run's
+    for edit, message in [  # a dtype no run writes is compared, not converted; a number no run holds, not parsed
+        (lambda c: c["models"]["agent"].update({"critic.bias": torch.zeros(1, dtype=torch.float16)}),
+         r": its agent\['critic\.bias'\] is a torch\.float16 tensor of shape \[1\], not a torch\.float32 tensor of "
+         r"shape \[1\]: it is not this run's\.$"),
+        (lambda c: c.update(episode_returns=[10**400]), r" is not a checkpoint a run writes: it holds an int of more "
+                                                        r"than 39 digits\.$"),
     ]:
         craft(edit)
-        with pytest.raises(SystemExit, match=r"checkpoint\.pt cannot be read as a checkpoint \(ValueError: "
-                                             + re.escape(opcode)):
+        with pytest.raises(SystemExit, match=r"checkpoint\.safetensors" + message):
             ppo_ewma.train(ppo_ewma.Args(resume=path))
     craft(lambda c: c.update(iteration=7, global_step=7 * 64))
     with pytest.raises(SystemExit, match=r"its iteration 7 is beyond its run's 3: it is not a checkpoint a run "
                                          r"wrote\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
     craft(lambda c: c["models"]["agent"]["actor.bias"].fill_(nan))
-    with pytest.raises(SystemExit, match=r"^--eval-checkpoint .*checkpoint\.pt: its agent\['actor\.bias'\] holds nan"):
+    with pytest.raises(SystemExit, match=r"^--eval-checkpoint .*checkpoint\.safetensors: its agent\['actor\.bias'\] holds nan"):
         ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=path))
 
 
@@ -534,12 +635,12 @@ def test_a_staleness_queue_length_that_no_run_has_is_refused(tmp_path, monkeypat
 
     monkeypatch.chdir(tmp_path)
     result = ppo_staleness.train(ppo_staleness.Args(**TINY, staleness=1, total_timesteps=2 * 64, checkpoint_every=1))
-    path = os.path.join(result["run_dir"], "checkpoint.pt")
-    original = torch.load(path, weights_only=True)
-    os.remove(os.path.join(result["run_dir"], "model.pt"))
-    for queued, message in [(0.5, r"its queued is a float, not a int"),
+    path = os.path.join(result["run_dir"], "checkpoint.safetensors")
+    original = read_back(path)
+    os.remove(os.path.join(result["run_dir"], "model.safetensors"))
+    for queued, message in [(0.5, r"its queued is a float, not an int: it is not this run's\.$"),
                             (-5, r"its queued -5 is not a queue's length under --staleness 1\.$")]:
-        torch.save({**original, "iteration": 1, "global_step": 64, "queued": queued}, path)
+        write_back(path, {**original, "iteration": 1, "global_step": 64, "queued": queued})
         with pytest.raises(SystemExit, match=message):
             ppo_staleness.train(ppo_staleness.Args(resume=path))
 
@@ -554,8 +655,8 @@ def test_names_stay_within_the_file_systems_limit(stopped, tmp_path):
         ppo_ewma.train(ppo_ewma.Args(**{**TINY, "env_id": "user_envs:" + "x" * 230 + "-v0"}))
     deep = tmp_path / ("d" * 240)  # a checkpoint in a directory whose name nearly fills the limit
     deep.mkdir()
-    shutil.copyfile(path, deep / "model.pt")
-    result = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=str(deep / "model.pt"), eval_episodes=1))
+    shutil.copyfile(path, deep / "model.safetensors")
+    result = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=str(deep / "model.safetensors"), eval_episodes=1))
     assert len(os.path.basename(result["run_dir"])) < 255
 
 
@@ -574,56 +675,32 @@ def test_a_loss_that_stops_being_finite_stops_the_run_in_one_sentence_keeping_it
         patched.setattr(ppo_ewma, "decoupled_clip_loss", nan_from_iteration_2)
         ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=1, exp_name="nan"))
     (run_dir,) = glob.glob("runs/*__nan__*")
-    assert torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["iteration"] == 1  # the last good one
-    assert ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt"))["global_step"] == 3 * 64
+    assert read_back(f"{run_dir}/checkpoint.safetensors")["iteration"] == 1  # the last good one
+    assert ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.safetensors"))["global_step"] == 3 * 64
 
 
 # 7 ------------------------------------------- what a reader found after round three, each closed where it enters
-def rewritten(path, change):
-    """The zip at path rewritten entry by entry, change(info, data) -> [(info, data), ...] for each."""
-    with zipfile.ZipFile(path) as archive:
-        entries = [(info, archive.read(info.filename)) for info in archive.infolist()]
-    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED) as archive:
-        for info, data in entries:
-            for new_info, new_data in change(info, data):
-                archive.writestr(new_info, new_data)
 
 
-def test_the_pickle_is_walked_before_it_is_read_and_the_zip_holds_torch_saves_entries_only(stopped):
+
+def test_nesting_and_size_within_the_bounds_are_read_and_beyond_them_refused(stopped):
     path, craft = stopped
     nested, nested_ok = [], []
-    for _ in range(100):  # 100 lists deep; 60 deep is below PICKLE_DEPTH
+    for _ in range(40):  # 40 lists deep; 25 deep is below JSON_DEPTH, with the keys above it
         nested = [nested]
-    for _ in range(60):
+    for _ in range(25):
         nested_ok = [nested_ok]
-    for edit, passes in [(lambda c: c.update(deep=nested), False), (lambda c: c.update(deep=nested_ok), True),
-                         (lambda c: c.update(big=dict.fromkeys(range(10_001), 0)), False),  # a hash flood's size
-                         (lambda c: c.update(big=dict.fromkeys(range(10_000), 0)), True)]:
+    for edit, message in [(lambda c: c.update(deep=nested), r"is not a checkpoint a run writes: its metadata nests "
+                                                            r"deeper than 32\.$"),
+                          (lambda c: c.update(deep=nested_ok), r"holds 'deep', which no ppo_ewma\.py checkpoint holds"),
+                          (lambda c: c.update(big=dict.fromkeys(map(str, range(300_000)), 0)),
+                           r"is not a checkpoint a run writes: its metadata holds more than 262,144 values\.$"),
+                          (lambda c: c.update(big=dict.fromkeys(map(str, range(10_000)), 0)),
+                           r"holds 'big', which no ppo_ewma\.py checkpoint holds")]:
         craft(edit)
-        message = r"holds 'big'|holds 'deep'" if passes else r"cannot be read as a checkpoint \(ValueError: nesting " \
-                                                            r"or a dict beyond any checkpoint's\)\.$"
-        with pytest.raises(SystemExit, match=message):  # refused at the first pass, or as an unknown key after it
+        with pytest.raises(SystemExit, match=message):  # refused at the first pass, or as an unknown key in it
             ppo_ewma.train(ppo_ewma.Args(resume=path))
     craft()
-    data = bytearray(open(path, "rb").read())  # every entry marked encrypted (bit 0 of its central record's flags)
-    for start in range(len(data) - 4):
-        if data[start:start + 4] == b"PK\x01\x02":
-            data[start + 8] |= 1
-    open(path, "wb").write(bytes(data))
-    with pytest.raises(SystemExit, match=r"holds compressed or encrypted data, which torch\.save never writes"):
-        ppo_ewma.train(ppo_ewma.Args(resume=path))
-    for change, message in [
-        (lambda info, data: [(info, data)] + [(info.filename.upper(), data)] * info.filename.endswith("/data.pkl"),
-         r"is not a checkpoint \(torch\.save writes one data\.pkl, under one folder\)\.$"),  # torch reads either
-        (lambda info, data: [(info, data)] + [("other/x", b"")] * info.filename.endswith("/data.pkl"),
-         r"is not a checkpoint \(torch\.save writes one data\.pkl, under one folder\)\.$"),
-    ]:
-        craft()
-        rewritten(path, change)
-        with pytest.raises(SystemExit, match=message):
-            ppo_ewma.train(ppo_ewma.Args(resume=path))
-    craft()
-    rewritten(path, lambda info, data: [(info, data)])  # rewritten unchanged: it resumes
     assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
 
 
@@ -665,12 +742,12 @@ def test_each_script_refuses_a_resume_that_no_run_of_it_writes(tmp_path, monkeyp
     ]):  # each a run of 4 iterations whose final checkpoint is edited into iteration 2's
         result = script.train(dataclasses.replace(args, total_timesteps=4 * args.num_envs * args.num_steps,
                                                   exp_name=f"run{index}"))
-        path = os.path.join(result["run_dir"], "checkpoint.pt")
-        checkpoint = torch.load(os.path.join(result["run_dir"], "model.pt"), weights_only=True)
+        path = os.path.join(result["run_dir"], "checkpoint.safetensors")
+        checkpoint = read_back(path)
         checkpoint.update(iteration=2, global_step=2 * args.num_envs * args.num_steps)
         edit(checkpoint)
-        torch.save(checkpoint, path)
-        os.remove(os.path.join(result["run_dir"], "model.pt"))
+        write_back(path, checkpoint)
+        os.remove(os.path.join(result["run_dir"], "model.safetensors"))
         if message is None:
             assert script.train(type(args)(resume=path))["global_step"] == 4 * args.num_envs * args.num_steps
         else:
@@ -688,24 +765,24 @@ def test_a_run_directory_that_is_a_link_or_holds_a_hard_link_or_a_file_in_a_fold
         ppo_ewma.train(ppo_ewma.Args(resume=path))
     os.remove(os.path.join(run_dir, "events.out.tfevents.1"))
     os.symlink(os.path.abspath(run_dir), "linked")  # the run directory itself, reached through a link
-    with pytest.raises(SystemExit, match=r"^--resume linked/checkpoint\.pt: linked is a link, not a directory"):
-        ppo_ewma.train(ppo_ewma.Args(resume="linked/checkpoint.pt"))
+    with pytest.raises(SystemExit, match=r"^--resume linked/checkpoint\.safetensors: linked is a link, not a directory"):
+        ppo_ewma.train(ppo_ewma.Args(resume="linked/checkpoint.safetensors"))
     open(os.path.join(run_dir, "videos"), "w").close()
     with pytest.raises(SystemExit, match=r"holds .*videos, which the run writes as a directory\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path, capture_video=True))
     assert target.read_text() == "the user's own file\n"
     weird = tmp_path / "from\x1b[2Ja tarball"  # a name that would move the terminal's cursor
     weird.mkdir()
-    shutil.copyfile(path, weird / "model.pt")
-    with pytest.raises(SystemExit, match=r"^--eval-checkpoint '.*model\.pt' holds characters that do not print: "
-                                         r"rename it\.$"):
-        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=str(weird / "model.pt")))
+    shutil.copyfile(path, weird / "model.safetensors")
+    with pytest.raises(SystemExit, match=r"^--eval-checkpoint .*from\\x1b\[2Ja tarball/model\.safetensors holds "
+                                         r"characters that do not print: rename it\.$"):
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=str(weird / "model.safetensors")))
 
 
 def test_a_writer_removes_the_temporary_files_of_one_killed_mid_write_and_nothing_else(tmp_path):
-    path = str(tmp_path / "checkpoint.pt")
-    for stale in (".checkpoint.pt.0123456789abcdef.tmp", ".checkpoint.pt.fedcba9876543210.tmp"):
+    path = str(tmp_path / "checkpoint.safetensors")
+    for stale in (".checkpoint.safetensors.0123456789abcdef.tmp", ".checkpoint.safetensors.fedcba9876543210.tmp"):
         (tmp_path / stale).write_bytes(b"torn")
-    os.mkdir(tmp_path / ".checkpoint.pt.0000000000000000.tmp")  # not a file: left alone
-    checkpoints.save_checkpoint(path, {"iteration": 1})
-    assert sorted(os.listdir(tmp_path)) == [".checkpoint.pt.0000000000000000.tmp", "checkpoint.pt"]
+    os.mkdir(tmp_path / ".checkpoint.safetensors.0000000000000000.tmp")  # not a file: left alone
+    harness.save_checkpoint(path, {"iteration": 1})
+    assert sorted(os.listdir(tmp_path)) == [".checkpoint.safetensors.0000000000000000.tmp", "checkpoint.safetensors"]

@@ -28,8 +28,9 @@ import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as conftest.py, for --record
-import checkpoints
+import checkpoints  # noqa: E402
 import harness  # noqa: E402
+from saved_files import read_back  # noqa: E402
 
 FIXTURE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "recorded_scalars.json")
 WALL_CLOCK_TAGS = {"charts/SPS", "charts/policy_phase_time", "charts/aux_phase_time"}
@@ -274,13 +275,13 @@ def test_ctrl_c_stops_at_an_iteration_end_with_a_checkpoint_and_says_how_to_resu
     assert match, stopped
     iteration, path = int(match.group(1)), match.group(3)
     assert resume == f"resume: python ppo_ewma.py --resume {path} --no-cuda"
-    checkpoint = torch.load(tmp_path / path, weights_only=True)
+    checkpoint = read_back(tmp_path / path)
     assert checkpoint["iteration"] == iteration < 200 and checkpoint["global_step"] == 64 * iteration
     monkeypatch.chdir(tmp_path)  # the printed command continues the run to its end
     import ppo_ewma
 
     result = ppo_ewma.train(tyro.cli(ppo_ewma.Args, args=resume.split()[3:]))
-    assert result["global_step"] == 12800 and os.path.exists(tmp_path / os.path.dirname(path) / "model.pt")
+    assert result["global_step"] == 12800 and os.path.exists(tmp_path / os.path.dirname(path) / "model.safetensors")
 
 
 def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
@@ -294,7 +295,7 @@ def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
     out, _ = process.communicate(timeout=60)
     assert time.monotonic() - sent < 5 and process.returncode == 130, out
     assert out.splitlines()[-1] == "SIGINT again: stopping now, without a checkpoint." and "Traceback" not in out
-    assert not glob.glob(str(tmp_path / "runs" / "*" / "*.pt"))
+    assert not glob.glob(str(tmp_path / "runs" / "*" / "*.safetensors"))
 
 
 def test_the_progress_mean_return_counts_episodes_as_they_end(tmp_path, monkeypatch):
@@ -334,39 +335,46 @@ def test_the_last_iteration_always_writes_its_checkpoint_and_the_final_model(tmp
     import ppo_ewma
 
     saved = []
-    real_save = checkpoints.save_checkpoint
-    monkeypatch.setattr(checkpoints, "save_checkpoint", lambda path, checkpoint: (
-        saved.append((os.path.basename(path), checkpoint["iteration"])), real_save(path, checkpoint)))
+    real_save = harness.save_checkpoint
+    monkeypatch.setattr(harness, "save_checkpoint", lambda path, checkpoint, dir_fd: (
+        saved.append((os.path.basename(path), checkpoint["iteration"])), real_save(path, checkpoint, dir_fd)))
     result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=50))
-    assert saved == [("checkpoint.pt", 3), ("model.pt", 3)]  # 50 is never reached; the last iteration is 3
-    model = os.path.join(result["run_dir"], "model.pt")  # the run's last line says where it went
+    assert saved == [("checkpoint.safetensors", 3)]  # 50 is never reached; the last iteration is 3
+    model = os.path.join(result["run_dir"], "model.safetensors")  # the run's last line says where it went
     assert capsys.readouterr().out.splitlines()[-1] == (f"saved {model}; play it: python ppo_ewma.py "
                                                         f"--eval-checkpoint {model}")
+    assert read_back(model)["global_step"] == 3 * 64
     saved.clear()
     ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=0, save_model=False))
     assert saved == []
-    # --resume of the finished run: nothing to train, and its last checkpoint becomes model.pt
-    checkpoint, model = (os.path.join(result["run_dir"], name) for name in ("checkpoint.pt", "model.pt"))
-    os.remove(model)
-    with pytest.raises(SystemExit) as stop:
-        ppo_ewma.train(ppo_ewma.Args(resume=checkpoint))
-    assert stop.value.code == 0 and open(model, "rb").read() == open(checkpoint, "rb").read()
-    with pytest.raises(SystemExit, match="already finished all 3 iterations; there is nothing to continue"):
-        ppo_ewma.train(ppo_ewma.Args(resume=checkpoint, save_model=False))
+    # --resume of the finished run: nothing to train; it says where its model is, or how to play its checkpoint
+    checkpoint = os.path.join(result["run_dir"], "checkpoint.safetensors")
+    for message in (f"that run already finished all 3 iterations; its model is {model}.",
+                    f"that run already finished all 3 iterations; play it: python ppo_ewma.py --eval-checkpoint "
+                    f"{checkpoint}"):
+        with pytest.raises(SystemExit) as stop:
+            ppo_ewma.train(ppo_ewma.Args(resume=checkpoint))
+        assert stop.value.code == 0 and capsys.readouterr().out.splitlines()[-1] == f"--resume {checkpoint}: {message}"
+        if os.path.exists(model):
+            os.remove(model)
 
 
 @pytest.mark.parametrize("script", ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"])
-def test_checkpoints_written_before_the_harness_still_resume_and_evaluate(tmp_path, monkeypatch, script):
+def test_checkpoints_of_an_earlier_version_are_refused_naming_the_commit_that_reads_them(tmp_path, monkeypatch,
+                                                                                          script):
     # tests/old_checkpoints/{script}.pt: iteration 3 of 4 of a tiny run (CartPole; Pendulum for ppo_er) written by
-    # the scripts at commit f363de8, before harness.py; the flags added since take their defaults
+    # the scripts at commit f363de8, torch.save's zip of a pickle; 18fb459 is the last commit whose code reads them
     monkeypatch.chdir(tmp_path)
     module = __import__(script)
     os.makedirs("runs/old")
     shutil.copy(os.path.join(SCRIPT_DIR, "tests", "old_checkpoints", f"{script}.pt"), "runs/old/checkpoint.pt")
-    evaluation = module.train(module.Args(eval_checkpoint="runs/old/checkpoint.pt", eval_episodes=2, cuda=False))
-    assert len(evaluation["returns"]) == 2 and evaluation["global_step"] == 192
-    resumed = module.train(module.Args(resume="runs/old/checkpoint.pt", cuda=False))
-    assert resumed["global_step"] == 256 and os.path.exists("runs/old/model.pt")  # the 4th iteration, then model.pt
+    for args in (module.Args(eval_checkpoint="runs/old/checkpoint.pt"), module.Args(resume="runs/old/checkpoint.pt")):
+        with pytest.raises(SystemExit, match=r"^--(eval-checkpoint|resume) runs/old/checkpoint\.pt is a \.pt file of an "
+                                             r"earlier version of this project \(torch\.save's zip\), which this "
+                                             r"version does not read: run it with that version \(git checkout "
+                                             r"18fb459\)\.$"):
+            module.train(args)
+    assert os.listdir("runs/old") == ["checkpoint.pt"]
 
 
 class WritesAFile:
@@ -379,29 +387,22 @@ class WritesAFile:
         return open, (self.path, "w")
 
 
-def test_resuming_a_crafted_checkpoint_runs_none_of_its_code(tmp_path, monkeypatch, capsys):
+def test_a_pickle_given_as_a_checkpoint_runs_none_of_its_code(tmp_path, monkeypatch):
     import pickle
 
     import ppo_ewma
 
     monkeypatch.chdir(tmp_path)
-    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=1))
-    path = os.path.join(result["run_dir"], "checkpoint.pt")
-    checkpoint = torch.load(path, weights_only=True)
-    checkpoint["iteration"], checkpoint["global_step"] = 1, 64  # as after iteration 1, so that the resume trains
-    crafted = pickle.dumps(WritesAFile(str(tmp_path / "marker")))
-    checkpoint["env"]["state"]["layers"][0]["state"]["crafted"] = crafted  # bytes inside the data: kept as bytes
-    torch.save(checkpoint, path)
-    os.remove(os.path.join(result["run_dir"], "model.pt"))  # as if the run had stopped after iteration 1
-    ppo_ewma.train(ppo_ewma.Args(resume=path))
-    checkpoint["env"]["state"] = crafted  # the whole env state a pickle, as checkpoints before held it
-    torch.save(checkpoint, path)
-    os.remove(os.path.join(result["run_dir"], "model.pt"))
-    capsys.readouterr()
-    resumed = ppo_ewma.train(ppo_ewma.Args(resume=path))
-    assert resumed["global_step"] == 3 * 64 and not os.path.exists(tmp_path / "marker")
-    assert ("note: --resume: the envs restart with new episodes (its env state is a pickle, which is not loaded: "
-            "unpickling can run code)." in capsys.readouterr().out.splitlines())
+    os.makedirs("runs/x")
+    for data in (pickle.dumps(WritesAFile(str(tmp_path / "marker"))), b""):  # a pickle, and an empty file
+        with open("runs/x/checkpoint.safetensors", "wb") as file:
+            file.write(data)
+        for args in (ppo_ewma.Args(resume="runs/x/checkpoint.safetensors"),
+                     ppo_ewma.Args(eval_checkpoint="runs/x/checkpoint.safetensors")):
+            with pytest.raises(SystemExit, match=r"checkpoint\.safetensors is not a file a run writes: a safetensors "
+                                                 r"file whose header is at most 16 MiB \(its first 8 bytes give "):
+                ppo_ewma.train(args)
+    assert not os.path.exists(tmp_path / "marker")
 
 
 def test_a_checkpoint_of_another_script_is_refused_in_one_sentence(tmp_path, monkeypatch):
@@ -409,25 +410,25 @@ def test_a_checkpoint_of_another_script_is_refused_in_one_sentence(tmp_path, mon
     import ppo_ewma
 
     monkeypatch.chdir(tmp_path)
-    other = os.path.join(SCRIPT_DIR, "tests", "old_checkpoints", "ppo_er.pt")
-    with pytest.raises(SystemExit, match=r"is not a ppo_ewma\.py checkpoint\.$"):
-        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=other))
-    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=64))  # a new checkpoint names its script
-    with pytest.raises(SystemExit, match=r"checkpoint\.pt is a ppo_ewma\.py checkpoint, not a ppg_ewma\.py one: run "
-                                         r"ppo_ewma\.py\.$"):
-        ppg_ewma.train(ppg_ewma.Args(resume=os.path.join(result["run_dir"], "checkpoint.pt")))
+    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=64))  # a file names its script
+    with pytest.raises(SystemExit, match=r"checkpoint\.safetensors is a ppo_ewma\.py checkpoint, not a ppg_ewma\.py "
+                                         r"one: run ppo_ewma\.py\.$"):
+        ppg_ewma.train(ppg_ewma.Args(resume=os.path.join(result["run_dir"], "checkpoint.safetensors")))
     import vmpo
 
-    with pytest.raises(SystemExit, match=r"model\.pt is a ppo_ewma\.py checkpoint, not a vmpo\.py one"):
-        vmpo.train(vmpo.Args(eval_checkpoint=os.path.join(result["run_dir"], "model.pt")))
+    with pytest.raises(SystemExit, match=r"model\.safetensors is a ppo_ewma\.py model, not a vmpo\.py one"):
+        vmpo.train(vmpo.Args(eval_checkpoint=os.path.join(result["run_dir"], "model.safetensors")))
+    with pytest.raises(SystemExit, match=r"model\.safetensors is a model file, the policy alone: --resume takes a "
+                                         r"run's checkpoint\.safetensors\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=os.path.join(result["run_dir"], "model.safetensors")))
 
 
 def test_resume_command_repeats_the_output_flags_that_differ_from_the_defaults():
     import ppo_ewma
 
     args = ppo_ewma.Args(cuda=False, save_model=False, checkpoint_every=5)
-    assert harness.resume_command(ppo_ewma.SCRIPT, args, "runs/a b/checkpoint.pt") == (
-        "python ppo_ewma.py --resume 'runs/a b/checkpoint.pt' --no-cuda --no-save-model --checkpoint-every 5")
+    assert harness.resume_command(ppo_ewma.SCRIPT, args, "runs/a b/checkpoint.safetensors") == (
+        "python ppo_ewma.py --resume 'runs/a b/checkpoint.safetensors' --no-cuda --no-save-model --checkpoint-every 5")
 
 
 def test_fewer_steps_than_one_iteration_are_refused_before_any_work(tmp_path, monkeypatch):
@@ -584,10 +585,10 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
 
     monkeypatch.setattr(harness, "play", recording_play)
     capsys.readouterr()
-    module.train(module.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=2, cuda=False,
+    module.train(module.Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=2, cuda=False,
                              eval_deterministic=True))
     assert "(actions the policy's mode (--eval-deterministic))" in capsys.readouterr().out
-    models = torch.load(f"{trained['run_dir']}/model.pt", weights_only=True)["models"]
+    models = {module.SCRIPT.policy: read_back(f"{trained['run_dir']}/model.safetensors")["weights"]}
     envs = module.make_env(module.SCRIPT.defaults(module.Args(**{**config, "num_envs": 1})))
     with torch.no_grad():
         for obs, actions in played:
@@ -616,8 +617,8 @@ def test_track_logs_to_an_offline_wandb_run_that_resume_with_track_continues(tmp
     assert stopped.value.code == 130
     monkeypatch.setattr(harness.Run, "after_step", real_after_step)
     (run_dir,) = glob.glob("runs/*__tracked__*")
-    run_id = torch.load(f"{run_dir}/checkpoint.pt", weights_only=True)["wandb_run_id"]
-    ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False, track=True))  # asked for again
+    run_id = read_back(f"{run_dir}/checkpoint.safetensors")["wandb_run_id"]
+    ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False, track=True))  # asked for again
     first, resumed = sorted(glob.glob(f"wandb/offline-run-*-{run_id}"))  # the same W&B run, continued
     for offline_run, needles in ((first, [b"losses/policy_loss", b"global_step", b"CartPole-v1"]),  # flags: config
                                  (resumed, [b"losses/policy_loss", b"global_step"])):  # the scalars, synced
@@ -660,8 +661,8 @@ def test_capture_video_films_env_0_in_training_and_every_episode_of_an_evaluatio
     result = ppo_ewma.train(ppo_ewma.Args(**CARTPOLE, total_timesteps=256, capture_video=True, exp_name="filmed"))
     # env 0's episodes 0 and 1 in its 64 steps (k^3: the next one filmed would be its 8th)
     assert sorted(os.listdir(f"{result['run_dir']}/videos")) == [f"rl-video-episode-{k}.mp4" for k in (0, 1)]
-    assert torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["iteration"] == 2  # the video is not state
-    evaluated = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=f"{result['run_dir']}/model.pt", eval_episodes=2,
+    assert read_back(f"{result['run_dir']}/checkpoint.safetensors")["iteration"] == 2  # the video is not state
+    evaluated = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=f"{result['run_dir']}/model.safetensors", eval_episodes=2,
                                              capture_video=True))
     assert sorted(os.listdir(f"{evaluated['run_dir']}/videos")) == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]
     assert all(os.path.getsize(path) > 1000 for path in glob.glob(f"{evaluated['run_dir']}/videos/*.mp4"))

@@ -14,6 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
+from saved_files import read_back
+import harness
 import ppg_ewma
 from ppg_ewma import (
     Args, EwmaMoments, apply_batch_divisor, aux_loss, com_to_decay, compute_gae,
@@ -429,11 +431,11 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     aux_optimizer.step()  # only the auxiliary Adam has state
     models = {"policy": policy, "value_net": value_net, "ewma_policy": ewma_policy}
     optimizers = {"optimizer": optimizer, "aux_optimizer": aux_optimizer}
-    checkpoint = checkpoints.make_checkpoint(args, checkpoints.Saved(models, optimizers), envs, torch.zeros(4, 4),
+    checkpoint = harness.make_checkpoint(args, harness.Saved(models, optimizers), envs, torch.zeros(4, 4),
                                              torch.zeros(4), global_step=128, iteration=2, num_iterations=6,
-                                             episode_returns=[], ewma_weight=1.9)
-    checkpoints.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
-    loaded = checkpoints.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppg_ewma.SCRIPT)
+                                             episode_returns=[], ewma_weight=1.9, script="ppg_ewma.py")
+    harness.save_checkpoint(str(tmp_path / "checkpoint.safetensors"), checkpoint)
+    loaded = checkpoints.read(str(tmp_path / "checkpoint.safetensors"), "--resume", ppg_ewma.SCRIPT)
 
     torch.manual_seed(1)
     fresh = {"policy": ppg_ewma.PolicyNetwork(envs), "value_net": ppg_ewma.ValueNetwork(envs),
@@ -441,8 +443,8 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     params = [*fresh["policy"].parameters(), *fresh["value_net"].parameters()]
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
-    checkpoints.restore_run(loaded, checkpoints.Saved(fresh, fresh_optimizers, keys={"ewma_weight": 1.0}), envs,
-                            torch.ones(4, 4), torch.ones(4), "--resume", 64, 6)
+    checkpoints.restore_run(loaded, harness.Saved(fresh, fresh_optimizers, keys={"ewma_weight": 1.0}), envs,
+                            torch.ones(4, 4), torch.ones(4), "--resume", 64, 6, harness.ENV_WALK)
     assert torch.equal(fresh["policy"].get_pi(obs), policy.get_pi(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
     assert torch.equal(fresh["ewma_policy"].get_pi(obs), ewma_policy.get_pi(obs))
@@ -457,10 +459,11 @@ def test_checkpoints_are_written_at_the_first_phase_end_after_every_k_iterations
     # N_pi = 2, 6 iterations, --checkpoint-every 3: phases end at 2, 4, 6; the phase 3-4 reaches 3, 5-6 reaches 6
     monkeypatch.chdir(tmp_path)
     saved = []
-    monkeypatch.setattr(checkpoints, "save_checkpoint",
-                        lambda path, checkpoint: saved.append((os.path.basename(path), checkpoint["iteration"])))
-    ppg_ewma.train(tiny_args(env_id="CartPole-v1", total_timesteps=6 * 128, checkpoint_every=3))
-    assert saved == [("checkpoint.pt", 4), ("checkpoint.pt", 6), ("model.pt", 6)]  # the last iteration: both
+    monkeypatch.setattr(harness, "save_checkpoint",
+                        lambda path, checkpoint, dir_fd: saved.append((os.path.basename(path), checkpoint["iteration"])))
+    result = ppg_ewma.train(tiny_args(env_id="CartPole-v1", total_timesteps=6 * 128, checkpoint_every=3))
+    assert saved == [("checkpoint.safetensors", 4), ("checkpoint.safetensors", 6)]  # the last iteration: both
+    assert os.path.exists(os.path.join(result["run_dir"], "model.safetensors"))
 
 
 class Killed(Exception):
@@ -475,21 +478,21 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     config = dict(env_id="CartPole-v1", total_timesteps=6 * 128)
     full = ppg_ewma.train(tiny_args(exp_name="full", **config))
 
-    real_save = checkpoints.save_checkpoint
+    real_save = harness.save_checkpoint
 
-    def save_then_die_at_iteration_4(path, checkpoint):
+    def save_then_die_at_iteration_4(path, checkpoint, dir_fd=None):
         if checkpoint["iteration"] == 4:
             raise Killed
-        real_save(path, checkpoint)
+        real_save(path, checkpoint, dir_fd)
 
-    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_4)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_4)
     with pytest.raises(Killed):
         ppg_ewma.train(tiny_args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
-    resumed = ppg_ewma.train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    resumed = ppg_ewma.train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["global_step"] == full["global_step"] == 768
     assert resumed["mean_return"] == full["mean_return"]
     expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
@@ -503,7 +506,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
 def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     trained = ppg_ewma.train(tiny_args(env_id="CartPole-v1", exp_name="trained", total_timesteps=256, save_model=True))
-    result = ppg_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    result = ppg_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=3, cuda=False))
     assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])
     scalars = scalars_with_steps(result["run_dir"])
     assert scalars["eval/mean_return"] == [(256, pytest.approx(result["mean_return"]))]
@@ -519,9 +522,9 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     lines = out.splitlines()
     assert lines[0].startswith("PPG and PPG-EWMA") and "Phasic policy gradient" in lines[0]
     assert lines[4] == "  steps      512 in 4 iterations of 128 (4 envs x 32 steps), phases of 2"
-    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert lines[5] == "  saves      checkpoint.safetensors every 30 minutes and at the end, model.safetensors at the end"
     assert len(lines) == 8 and lines[6].startswith("step 512/512 (100%)")
-    model = os.path.join(result["run_dir"], "model.pt")
+    model = os.path.join(result["run_dir"], "model.safetensors")
     assert lines[7] == f"saved {model}; play it: python ppg_ewma.py --eval-checkpoint {model}"
 
 

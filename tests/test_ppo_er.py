@@ -16,6 +16,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
+from saved_files import read_back
+import harness
 import ppo_er
 from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, make_env, ppo_er_loss,
                     train)
@@ -232,9 +234,9 @@ def test_final_obs_for_the_bootstrap_is_normalized_like_other_obs():
 def test_norm_obs_normalizes_then_clips_to_10(norm_obs):
     envs = make_env(Args(env_id="Pendulum-v1", num_envs=1, norm_obs=norm_obs))
     envs.reset(seed=0)
-    assert ("obs_0" in checkpoints.env_normalizers(envs)) == norm_obs
+    assert ("obs_0" in harness.env_normalizers(envs)) == norm_obs
     if norm_obs:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
-        wrapper, rms = checkpoints.env_normalizers(envs)["obs_0"]
+        wrapper, rms = harness.env_normalizers(envs)["obs_0"]
         wrapper.update_running_mean, rms.mean[:], rms.var[:] = False, 1000.0, 1.0
         obs = envs.step(np.zeros((1, 1), np.float32))[0]
         assert np.array_equal(obs, np.full_like(obs, -10.0))
@@ -357,14 +359,16 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     (agent.get_pi(obs).chunk(2, -1)[0].sum() + agent.get_value(obs).sum()).backward()  # the mean's and V's
     optimizer.step()
     replay = [{"advantages": torch.arange(6.0).reshape(3, 2)}]
-    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
-    checkpoint = checkpoints.make_checkpoint(args, saved, envs, torch.zeros(2, 3), torch.zeros(2), global_step=128,
-                                             iteration=1, num_iterations=4, episode_returns=[-900.0], replay=replay)
-    path = str(tmp_path / "checkpoint.pt")
-    checkpoints.save_checkpoint(path, checkpoint)
-    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer})
+    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 3), torch.zeros(2), global_step=128,
+                                             iteration=1, num_iterations=4, episode_returns=[-900.0], replay=replay,
+                                         script="ppo_er.py")
+    path = str(tmp_path / "checkpoint.safetensors")
+    harness.save_checkpoint(path, checkpoint)
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"]  # the temporary file was renamed
 
-    loaded = checkpoints.load_checkpoint(path, "--resume", ppo_er.SCRIPT)
+    assert checkpoints.read(path, "--resume", ppo_er.SCRIPT)["kind"] == "checkpoint"  # the first pass takes it
+    loaded = read_back(path)
     torch.manual_seed(1)
     fresh = ppo_er.Agent(envs)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=3e-4)
@@ -378,9 +382,9 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     assert all(torch.equal(restored_state[i]["exp_avg_sq"], saved_state[i]["exp_avg_sq"]) for i in saved_state)
     assert torch.equal(loaded["replay"][0]["advantages"], replay[0]["advantages"])
     fresh_envs = make_env(args)
-    checkpoints.load_normalizers(fresh_envs, loaded["normalizers"])
-    for name, (_, rms) in checkpoints.env_normalizers(envs).items():
-        restored = checkpoints.env_normalizers(fresh_envs)[name][1]
+    checkpoints.load_normalizers(fresh_envs, loaded["normalizers"], harness.ENV_WALK)
+    for name, (_, rms) in harness.env_normalizers(envs).items():
+        restored = harness.env_normalizers(fresh_envs)[name][1]
         assert np.array_equal(restored.mean, rms.mean) and np.array_equal(restored.var, rms.var), name
     assert set(loaded["normalizers"]) == {"reward", "obs_0", "obs_1"}
     envs.close()
@@ -389,7 +393,7 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
 
 def test_no_reward_normalization_switch(tmp_path, monkeypatch):
     envs = make_env(Args(env_id="Pendulum-v1", norm_reward=False, num_envs=1))
-    assert set(checkpoints.env_normalizers(envs)) == {"obs_0"}
+    assert set(harness.env_normalizers(envs)) == {"obs_0"}
     # --no-norm-reward hands the raw reward on, not clipped to +-10: Pendulum at theta = pi, theta_dot = 8, torque 0
     # gives -(pi^2 + 0.1 * 8^2 + 0.001 * 0^2) = -(9.8696 + 6.4) = -16.2696
     envs.reset(seed=0)
@@ -410,22 +414,22 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     config = dict(TINY_PENDULUM, total_timesteps=4 * 128)
     full = train(Args(exp_name="full", **config))
 
-    real_save = checkpoints.save_checkpoint
+    real_save = harness.save_checkpoint
 
-    def save_then_die_at_iteration_3(path, checkpoint):
+    def save_then_die_at_iteration_3(path, checkpoint, dir_fd=None):
         if checkpoint["iteration"] == 3:
             raise Killed
-        real_save(path, checkpoint)
+        real_save(path, checkpoint, dir_fd)
 
-    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         train(Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
-    assert len(torch.load(f"{run_dir}/checkpoint.pt")["replay"]) == 2
+    assert len(read_back(f"{run_dir}/checkpoint.safetensors")["replay"]) == 2
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
-    resumed = train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    resumed = train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"] == 512
     assert resumed["mean_return"] == full["mean_return"]
     expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
@@ -437,7 +441,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
 def test_evaluation_of_a_saved_pendulum_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     trained = train(Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_PENDULUM))
-    result = train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=2, cuda=False))
+    result = train(Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=2, cuda=False))
     assert len(result["returns"]) == 2 and all(-2000 < r < 0 for r in result["returns"])  # 200-step Pendulum scores
     assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
     scalars = scalars_with_steps(result["run_dir"])
@@ -456,7 +460,7 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[1:5] == ["  env        Pendulum-v1", "  device     cpu (--no-cuda)",
                           f"  run dir    {result['run_dir']}",
                           "  steps      256 in 2 iterations of 128 (2 envs x 64 steps); N = 128, M = 32, L = 2"]
-    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert lines[5] == "  saves      checkpoint.safetensors every 30 minutes and at the end, model.safetensors at the end"
     assert len(lines) == 8 and lines[6].startswith("step 256/256 (100%)")
-    model = os.path.join(result["run_dir"], "model.pt")
+    model = os.path.join(result["run_dir"], "model.safetensors")
     assert lines[7] == f"saved {model}; play it: python ppo_er.py --eval-checkpoint {model}"

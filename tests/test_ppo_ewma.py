@@ -17,6 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
+from saved_files import read_back
+import harness
 import ppo_ewma
 from ppo_ewma import (
     Args, EwmaMoments, apply_batch_divisor, com_to_decay, compute_gae, decay_to_com, decoupled_clip_loss,
@@ -326,7 +328,7 @@ def test_smoke_procgen_with_batch_divisor(tmp_path, monkeypatch, capsys):
     # 2 minibatches per iteration, w = 1 + b w twice from w = 1: 1 + b(1 + b) with b = 16/17
     b = 16 / 17
     assert logged["charts/ewma_weight"][0] == pytest.approx(1 + b * (1 + b))
-    assert (tmp_path / result["run_dir"] / "model.pt").exists()
+    assert (tmp_path / result["run_dir"] / "model.safetensors").exists()
 
 
 def test_smoke_cartpole_kl_objective_without_ewma(tmp_path, monkeypatch):
@@ -636,25 +638,26 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
     reward_normalizer, adv_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     reward_normalizer(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(2, 2))
     adv_moments.update(torch.tensor([1.0, 3.0]))
-    saved = checkpoints.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
+    saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
                               normalizers={"reward": reward_normalizer, "advantages": adv_moments})
-    checkpoint = checkpoints.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
+    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=64,
                                          iteration=1, num_iterations=4, episode_returns=[], ewma_weight=2.5)
-    path = str(tmp_path / "checkpoint.pt")
-    checkpoints.save_checkpoint(path, checkpoint)
-    assert os.listdir(tmp_path) == ["checkpoint.pt"]
+    path = str(tmp_path / "checkpoint.safetensors")
+    harness.save_checkpoint(path, dict(checkpoint, script="ppo_ewma.py"))
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"]
 
-    loaded = checkpoints.load_checkpoint(path, "--resume", ppo_ewma.SCRIPT)
+    loaded = checkpoints.read(path, "--resume", ppo_ewma.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_ewma = ppo_ewma.Agent(envs), ppo_ewma.Agent(envs)
     assert not torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     fresh_normalizer, fresh_moments = ppo_ewma.RewardNormalizer(2, 0.99), EwmaMoments(0.5)
     fresh_optimizer = torch.optim.Adam(fresh.parameters(), lr=5e-4)
-    fresh_saved = checkpoints.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma},
+    fresh_saved = harness.Saved(models={"agent": fresh, "ewma_agent": fresh_ewma},
                                     optimizers={"optimizer": fresh_optimizer},
                                     normalizers={"reward": fresh_normalizer, "advantages": fresh_moments},
                                     keys={"ewma_weight": 1.0})
-    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 64, 4)[-1]
+    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 64, 4,
+                                   harness.ENV_WALK)[-1]
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
     assert keys["ewma_weight"] == 2.5
@@ -687,21 +690,21 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch,
     config = dict(TINY_CARTPOLE, total_timesteps=4 * 64, **config)
     full = ppo_ewma.train(Args(exp_name="full", **config))
 
-    real_save = checkpoints.save_checkpoint
+    real_save = harness.save_checkpoint
 
-    def save_then_die_at_iteration_3(path, checkpoint):
+    def save_then_die_at_iteration_3(path, checkpoint, dir_fd=None):
         if checkpoint["iteration"] == 3:
             raise Killed
-        real_save(path, checkpoint)
+        real_save(path, checkpoint, dir_fd)
 
-    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         ppo_ewma.train(Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
-    resumed = ppo_ewma.train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    resumed = ppo_ewma.train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"] == 256
     assert resumed["mean_return"] == full["mean_return"]
     expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)
@@ -713,7 +716,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch,
 def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     trained = ppo_ewma.train(Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_CARTPOLE))
-    result = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    result = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=3, cuda=False))
     # named after the checkpoint's run: runs/CartPole-v1__trained__1__<time>__eval__<time>
     assert os.path.basename(result["run_dir"]).startswith(os.path.basename(trained["run_dir"]) + "__eval__")
     assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])  # CartPole: +1 per step
@@ -734,9 +737,9 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
                           f"  run dir    {result['run_dir']}",
                           "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
-    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert lines[5] == "  saves      checkpoint.safetensors every 30 minutes and at the end, model.safetensors at the end"
     assert len(lines) == 8 and lines[6].startswith("step 256/256 (100%)")  # many episodes ended: no line for each
-    model = os.path.join(result["run_dir"], "model.pt")
+    model = os.path.join(result["run_dir"], "model.safetensors")
     assert lines[7] == f"saved {model}; play it: python ppo_ewma.py --eval-checkpoint {model}"
 
 
@@ -931,7 +934,7 @@ def test_smoke_pendulum(tmp_path, monkeypatch, config):
         assert len(scalars[tag]) == 2 and all(np.isfinite(v) for _, v in scalars[tag]), tag
     # the state-independent log-std starts at 0: entropy 1.418939 per action dim (Pendulum has one)
     assert scalars["losses/entropy"][0][1] == pytest.approx(1.418939, abs=0.02)
-    evaluation = ppo_ewma.train(Args(eval_checkpoint=f"{result['run_dir']}/model.pt", eval_episodes=2, cuda=False))
+    evaluation = ppo_ewma.train(Args(eval_checkpoint=f"{result['run_dir']}/model.safetensors", eval_episodes=2, cuda=False))
     assert len(evaluation["returns"]) == 2 and all(-2000 < r < 0 for r in evaluation["returns"])
 
 
@@ -1097,7 +1100,7 @@ def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_o
     monkeypatch.setattr(ppo_ewma.EwmaMoments, "update", narrow)
     rnn_run(tmp_path, monkeypatch, ewma=False, norm_value=True, exp_name="narrow")
     assert torch.cat(targets).abs().max().item() == 5.0  # skrl's clip_threshold
-    value = torch.load(f"{result['run_dir']}/model.pt", weights_only=True)["normalizers"]["value"]
+    value = read_back(f"{result['run_dir']}/checkpoint.safetensors")["normalizers"]["value"]
     assert value["sum"] / value["weight"] > 1.0 and value["decay"] == 1.0  # the returns' moments, kept
 
 
@@ -1109,7 +1112,7 @@ def test_a_recurrent_model_plays_with_its_memory_reset_at_each_episode(tmp_path,
         steps.append((done.item(), core_state.abs().sum().item(), prev_action.item(), prev_reward.item()))
         return real_step(self, obs, done, core_state, prev_action, prev_reward)
     monkeypatch.setattr(ppo_ewma.Agent, "step", spy)
-    played = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=2, cuda=False))
+    played = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=2, cuda=False))
     assert len(steps) == sum(played["returns"])  # one env, CartPole's reward 1 a step: a core step per env step
     starts = [i for i, (done, *_) in enumerate(steps) if done == 1.0]
     assert starts == [0, played["returns"][0]]  # done 1 at each episode's first step, which the core zeroes
@@ -1174,30 +1177,24 @@ def test_observations_normalized_over_the_vector_are_the_per_env_wrappers_bit_fo
             assert np.array_equal(step[4]["final_obs"][i], reference_step[4]["final_obs"][i])
             ends += 1
     assert ends >= 4
-    statistics, reference_statistics = checkpoints.normalizer_states(envs), checkpoints.normalizer_states(reference)
+    statistics, reference_statistics = harness.normalizer_states(envs), harness.normalizer_states(reference)
     assert sorted(statistics) == sorted(reference_statistics) == ["obs_0", "obs_1"]
     for name, state in statistics.items():
         assert state["count"] == reference_statistics[name]["count"] > 451
         assert all(torch.equal(state[key], reference_statistics[name][key]) for key in ("mean", "var"))
 
 
-def test_a_checkpoint_of_per_env_statistics_evaluates_and_is_refused_for_resuming(tmp_path, monkeypatch):
-    # tests/old_checkpoints/ppo_ewma_pendulum.pt: iteration 3 of 4 of a Pendulum run (2 envs) written at bded84a,
-    # when each env normalized its observations inside its own stack; its statistics keep their names obs_0, obs_1
+def test_a_checkpoint_of_an_earlier_version_is_refused_naming_the_commit_that_reads_it(tmp_path, monkeypatch):
+    # tests/old_checkpoints/ppo_ewma_pendulum.pt: iteration 3 of 4 of a Pendulum run written at bded84a, torch.save's
+    # zip of a pickle; since checkpoints are safetensors files, a .pt file is said to be an earlier version's
     monkeypatch.chdir(tmp_path)
     os.makedirs("runs/old")
-    shutil.copy(os.path.join(os.path.dirname(__file__), "old_checkpoints", "ppo_ewma_pendulum.pt"),
-                "runs/old/checkpoint.pt")
-    saved = torch.load("runs/old/checkpoint.pt", weights_only=True)["normalizers"]
-    envs = ppo_ewma.make_env(Args(env_id="Pendulum-v1", num_envs=1, norm_obs=True))
-    checkpoints.load_normalizers(envs, saved, freeze=True)  # evaluation's: env 0's statistics, frozen
-    rms = envs.env.obs_rms[0]
-    assert torch.equal(torch.as_tensor(rms.mean), saved["obs_0"]["mean"]) and rms.count == saved["obs_0"]["count"]
-    evaluation = ppo_ewma.train(Args(eval_checkpoint="runs/old/checkpoint.pt", eval_episodes=1, cuda=False))
-    assert evaluation["global_step"] == 384 and rms.count == saved["obs_0"]["count"]
-    with pytest.raises(SystemExit, match=r"^--resume runs/old/checkpoint.pt: its env stack has other layers than"
-                                         r" these flags build \(another version .* resume it with that version\)"):
-        ppo_ewma.train(Args(resume="runs/old/checkpoint.pt", cuda=False))
+    shutil.copy(os.path.join(os.path.dirname(__file__), "old_checkpoints", "ppo_ewma_pendulum.pt"), "runs/old/x.pt")
+    for args in (Args(eval_checkpoint="runs/old/x.pt", cuda=False), Args(resume="runs/old/x.pt", cuda=False)):
+        with pytest.raises(SystemExit, match=r" runs/old/x\.pt is a \.pt file of an earlier version of this project "
+                                             r"\(torch\.save's zip\), which this version does not read: run it with "
+                                             r"that version \(git checkout 18fb459\)\.$"):
+            ppo_ewma.train(args)
 
 
 def test_the_compiled_minibatch_loss_gives_eager_numbers_on_a_fixed_batch(tmp_path, monkeypatch):

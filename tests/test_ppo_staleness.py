@@ -12,6 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
+from saved_files import read_back
+import harness
 import ppo_staleness
 from ppo_staleness import Args, StaleQueue, decoupled_clip_loss, queue_bytes, select_logps, train
 
@@ -192,7 +194,7 @@ def test_smoke_procgen(tmp_path, monkeypatch):
     logged = scalars(result["run_dir"])
     for tag in TRAIN_TAGS:
         assert len(logged[tag]) == 2 and all(math.isfinite(v) for v in logged[tag]), tag
-    assert (tmp_path / result["run_dir"] / "model.pt").exists()
+    assert (tmp_path / result["run_dir"] / "model.safetensors").exists()
 
 
 def test_staleness_zero_trains_identically_under_every_objective(tmp_path, monkeypatch):
@@ -246,20 +248,20 @@ class Killed(Exception):
 def killed_then_resumed(monkeypatch, args, die_at):
     """Run `args` with a checkpoint every iteration, die while writing the one of iteration `die_at`
     (after logging it), resume from the one before: (the resumed run's result, its run directory)."""
-    real_save = checkpoints.save_checkpoint
+    real_save = harness.save_checkpoint
 
-    def save_then_die(path, checkpoint):
+    def save_then_die(path, checkpoint, dir_fd=None):
         if checkpoint["iteration"] == die_at:
             raise Killed
-        real_save(path, checkpoint)
+        real_save(path, checkpoint, dir_fd)
 
-    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die)
     with pytest.raises(Killed):
         train(dataclasses.replace(args, checkpoint_every=1))
-    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob(f"runs/*__{args.exp_name}_*")
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
-    return train(Args(resume=f"{run_dir}/checkpoint.pt", cuda=False)), run_dir
+    return train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False)), run_dir
 
 
 def test_resume_with_staleness_0_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch):
@@ -292,18 +294,19 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     optimizer = torch.optim.Adam(agent.parameters(), lr=5e-4)
     reward_normalizer = ppo_staleness.RewardNormalizer(2, 0.99)
     reward_normalizer(torch.tensor([[1.0, 0.0], [1.0, 1.0]]), torch.zeros(2, 2))
-    saved = checkpoints.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
+    saved = harness.Saved(models={"agent": agent}, optimizers={"optimizer": optimizer},
                               normalizers={"reward": reward_normalizer})
-    checkpoint = checkpoints.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=96,
+    checkpoint = harness.make_checkpoint(args, saved, envs, torch.zeros(2, 4), torch.zeros(2), global_step=96,
                                              iteration=3, num_iterations=6, episode_returns=[], queued=2,
-                                             trained_steps=64)
-    checkpoints.save_checkpoint(str(tmp_path / "checkpoint.pt"), checkpoint)
-    loaded = checkpoints.load_checkpoint(str(tmp_path / "checkpoint.pt"), "--resume", ppo_staleness.SCRIPT)
+                                             trained_steps=64, script="ppo_staleness.py")
+    harness.save_checkpoint(str(tmp_path / "checkpoint.safetensors"), checkpoint)
+    loaded = checkpoints.read(str(tmp_path / "checkpoint.safetensors"), "--resume", ppo_staleness.SCRIPT)
     torch.manual_seed(1)
     fresh, fresh_normalizer = ppo_staleness.Agent(envs), ppo_staleness.RewardNormalizer(2, 0.99)
-    fresh_saved = checkpoints.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters(), lr=5e-4)},
+    fresh_saved = harness.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters(), lr=5e-4)},
                                     {"reward": fresh_normalizer}, keys={"queued": 0, "trained_steps": 0})
-    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 32, 8)[-1]
+    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 32, 8,
+                                   harness.ENV_WALK)[-1]
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]
@@ -316,7 +319,7 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
 def test_evaluation_of_a_saved_cartpole_checkpoint(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     trained = train(Args(exp_name="trained", staleness=1, save_model=True, **dict(TINY_CARTPOLE, total_timesteps=128)))
-    result = train(Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    result = train(Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=3, cuda=False))
     assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])
     scalars = scalars_with_steps(result["run_dir"])
     assert scalars["eval/mean_return"] == [(192, pytest.approx(result["mean_return"]))]  # 1 warm-up + 2 trained
@@ -329,7 +332,7 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(t
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("PPO on artificially stale data") and "Sec. 5.1" in lines[0]
     assert lines[4] == "  steps      384 in 6 iterations of 64 (2 envs x 32 steps), 4 of them trained on"
-    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert lines[5] == "  saves      checkpoint.safetensors every 30 minutes and at the end, model.safetensors at the end"
     assert len(lines) == 8 and lines[6].startswith("step 384/384 (100%)")
-    model = os.path.join(result["run_dir"], "model.pt")
+    model = os.path.join(result["run_dir"], "model.safetensors")
     assert lines[7] == f"saved {model}; play it: python ppo_staleness.py --eval-checkpoint {model}"

@@ -28,6 +28,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import harness
 import ppg_ewma
 import ppo_ewma
+from saved_files import read_back, write_back
 
 SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
 # CartPole, 8 envs in total (2 workers x 4), one trained iteration of 8 x 32 steps; 4 minibatches per worker
@@ -378,8 +379,8 @@ def test_a_signal_to_one_worker_stops_both_at_the_same_iteration_end(tmp_path):
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     # both leave after iteration 3 with 128 + SIGINT, and rank 0 writes the checkpoint of both
     assert rank0 == rank1 == {"code": 130, "iteration": 3, "global_step": 3 * 256}
-    (path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.pt"))
-    checkpoint = torch.load(path, weights_only=True)
+    (path,) = glob.glob(str(tmp_path / "runs" / "*" / "checkpoint.safetensors"))
+    checkpoint = read_back(path)
     assert checkpoint["iteration"] == 3 and len(checkpoint["workers"]) == 1
 
 
@@ -465,7 +466,7 @@ def resumed_run(rank, name, config, out_dir, port):
     (run_dir,) = glob.glob("runs/*__killed__*")
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
     os.environ["MASTER_PORT"] = str(port)
-    module.train(module.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    module.train(module.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
 
 
 def full_run(rank, name, config, out_dir):
@@ -481,7 +482,7 @@ def test_a_resumed_run_of_two_workers_logs_what_the_uninterrupted_one_logs(tmp_p
     run_two_workers(full_run, name, config, str(tmp_path))
     run_two_workers(resumed_run, name, config, str(tmp_path), free_port())
     (full,), (killed,) = (glob.glob(str(tmp_path / "runs" / f"*__{tag}__*")) for tag in ("full", "killed"))
-    checkpoint = torch.load(f"{killed}/checkpoint.pt", weights_only=True)
+    checkpoint = read_back(f"{killed}/checkpoint.safetensors")
     assert len(checkpoint["workers"]) == 1 and checkpoint["iteration"] == 4  # worker 1's envs, RNG and statistics
     expected, got = logged(full), logged(killed)
     assert len(got["losses/policy_loss"]) == 4 and got == expected  # both workers went on where they stopped
@@ -490,10 +491,10 @@ def test_a_resumed_run_of_two_workers_logs_what_the_uninterrupted_one_logs(tmp_p
 def test_a_checkpoint_resumes_only_with_as_many_workers_as_wrote_it(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     result = ppo_ewma.train(ppo_ewma.Args(**dict(TINY, total_timesteps=2 * 256), checkpoint_every=1))
-    path = f"{result['run_dir']}/checkpoint.pt"
-    checkpoint = torch.load(path, weights_only=True)
-    os.remove(f"{result['run_dir']}/model.pt")
-    torch.save({**checkpoint, "iteration": 1, "global_step": 256}, path)
+    path = f"{result['run_dir']}/checkpoint.safetensors"
+    checkpoint = read_back(path)
+    os.remove(f"{result['run_dir']}/model.safetensors")
+    write_back(path, {**checkpoint, "iteration": 1, "global_step": 256})
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -502,8 +503,7 @@ def test_a_checkpoint_resumes_only_with_as_many_workers_as_wrote_it(tmp_path, mo
         ppo_ewma.train(ppo_ewma.Args(resume=path))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name)
-    part = {key: value for key, value in checkpoint.items() if key not in ("args", "models", "optimizers")}
-    torch.save({**checkpoint, "iteration": 1, "global_step": 256, "workers": [part]}, path)
+    write_back(path, {**checkpoint, "iteration": 1, "global_step": 256, "workers": [harness.worker_part(checkpoint)]})
     with pytest.raises(SystemExit, match=r"its checkpoint holds the envs of 2 workers, not 1: resume it with torchrun "
                                          r"--nproc_per_node 2\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))

@@ -2,6 +2,7 @@
 where a stop-gradient matters, and tiny smoke runs of train()."""
 import copy
 import dataclasses
+import errno
 import glob
 import math
 import os
@@ -16,6 +17,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import checkpoints
+import harness
+from saved_files import read_back
 import harness
 import vmpo
 
@@ -364,7 +367,7 @@ def test_evaluation_of_a_saved_lstm_run(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     trained = vmpo.train(vmpo.Args(exp_name="trained", total_timesteps=128, save_model=True, lstm=True,
                                    **TINY_CARTPOLE))
-    result = vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    result = vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=3, cuda=False))
     assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])
 
 
@@ -526,14 +529,16 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
     agent.get_pi(torch.ones(3, 4)).sum().add(eta).backward()
     optimizer.step()  # Adam now has moments and a step count
     next_obs, next_done = torch.zeros(2, 4), torch.zeros(2)
-    saved = checkpoints.Saved(models={"agent": agent, "multipliers": multipliers}, optimizers={"optimizer": optimizer})
-    checkpoint = checkpoints.make_checkpoint(args, saved, envs, next_obs, next_done, global_step=64, iteration=1,
-                                             num_iterations=4, episode_returns=[10.0, 12.0])
-    path = str(tmp_path / "checkpoint.pt")
-    checkpoints.save_checkpoint(path, checkpoint)
-    assert os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary file was renamed
+    saved = harness.Saved(models={"agent": agent, "multipliers": multipliers}, optimizers={"optimizer": optimizer})
+    checkpoint = harness.make_checkpoint(args, saved, envs, next_obs, next_done, global_step=64, iteration=1,
+                                             num_iterations=4, episode_returns=[10.0, 12.0],
+                                         script="vmpo.py")
+    path = str(tmp_path / "checkpoint.safetensors")
+    harness.save_checkpoint(path, checkpoint)
+    assert os.listdir(tmp_path) == ["checkpoint.safetensors"]  # the temporary file was renamed
 
-    loaded = checkpoints.load_checkpoint(path, "--resume", vmpo.SCRIPT)
+    assert checkpoints.read(path, "--resume", vmpo.SCRIPT)["kind"] == "checkpoint"  # the first pass takes it
+    loaded = read_back(path)
     torch.manual_seed(1)  # different initial weights
     fresh = vmpo.Agent(envs)
     fresh_multipliers = torch.nn.ParameterDict({"eta": torch.nn.Parameter(torch.tensor(1.0)),
@@ -562,9 +567,9 @@ def test_checkpoint_round_trip_gives_the_same_networks_multipliers_and_adam(tmp_
 def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id=env_id, num_envs=1, norm_obs=norm_obs, cuda=False)))
     first, _ = envs.reset(seed=0)
-    assert ("obs_0" in checkpoints.env_normalizers(envs)) == normalized
+    assert ("obs_0" in harness.env_normalizers(envs)) == normalized
     if normalized:  # a running mean of 1000 and variance 1: every obs is (o - 1000) / 1, about -1000, then -10
-        wrapper, rms = checkpoints.env_normalizers(envs)["obs_0"]
+        wrapper, rms = harness.env_normalizers(envs)["obs_0"]
         wrapper.update_running_mean, rms.mean[:], rms.var[:] = False, 1000.0, 1.0
         obs = envs.step(envs.action_space.sample())[0]
         assert np.array_equal(obs, np.full_like(obs, -10.0))
@@ -573,7 +578,7 @@ def test_norm_obs_normalizes_then_clips_to_10(env_id, norm_obs, normalized):
 
 def test_no_norm_reward_hands_the_raw_reward_on():
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Pendulum-v1", norm_reward=False, num_envs=1)))
-    assert set(checkpoints.env_normalizers(envs)) == {"obs_0"}
+    assert set(harness.env_normalizers(envs)) == {"obs_0"}
     # not clipped to +-10: Pendulum at theta = pi, theta_dot = 8, torque 0 gives -(pi^2 + 0.1 * 8^2 + 0.001 * 0^2)
     # = -(9.8696 + 6.4) = -16.2696
     envs.reset(seed=0)
@@ -624,33 +629,33 @@ def test_observation_and_reward_statistics_round_trip_and_freeze():
     envs.reset(seed=0)
     for _ in range(50):
         envs.step(np.full((2, 1), 0.5, np.float32))
-    saved = checkpoints.make_checkpoint(args, checkpoints.Saved({}, {}), envs, None, None)["normalizers"]
+    saved = harness.make_checkpoint(args, harness.Saved({}, {}), envs, None, None)["normalizers"]
     assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
     fresh = vmpo.make_env(args)
-    checkpoints.load_normalizers(fresh, saved, freeze=True)
-    for name, (wrapper, rms) in checkpoints.env_normalizers(fresh).items():
+    checkpoints.load_normalizers(fresh, saved, harness.ENV_WALK)
+    for name, (wrapper, rms) in harness.env_normalizers(fresh).items():
         assert np.array_equal(rms.mean, saved[name]["mean"].numpy()) and rms.count == saved[name]["count"]
         assert not wrapper.update_running_mean  # frozen for evaluation
     fresh.reset(seed=1)
     fresh.step(np.zeros((2, 1), np.float32))
-    assert checkpoints.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
+    assert harness.env_normalizers(fresh)["obs_0"][1].count == saved["obs_0"]["count"]  # stepping did not update it
     envs.close()
     fresh.close()
 
 
 def test_a_crash_while_writing_keeps_the_previous_checkpoint(monkeypatch, tmp_path):
-    path = str(tmp_path / "checkpoint.pt")
-    checkpoints.save_checkpoint(path, {"iteration": 1})
+    path = str(tmp_path / "checkpoint.safetensors")
+    harness.save_checkpoint(path, {"iteration": 1})
 
-    def torn_save(obj, file):
-        file.write(b"half a checkpoint")
-        raise OSError("disk full")
+    def disk_full(fd):  # the bytes went out, but the disk could not take them
+        raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(vmpo.torch, "save", torn_save)
-    with pytest.raises(SystemExit, match=r"checkpoint\.pt could not be written \(disk full\); the one before is kept\.$"):
-        checkpoints.save_checkpoint(path, {"iteration": 2})
+    monkeypatch.setattr(harness.os, "fsync", disk_full)
+    with pytest.raises(SystemExit, match=r"checkpoint\.safetensors could not be written \(the disk is full\); the one "
+                                         r"before is kept\.$"):
+        harness.save_checkpoint(path, {"iteration": 2})
     monkeypatch.undo()
-    assert torch.load(path)["iteration"] == 1 and os.listdir(tmp_path) == ["checkpoint.pt"]  # the temporary removed
+    assert read_back(path)["iteration"] == 1 and os.listdir(tmp_path) == ["checkpoint.safetensors"]  # no temporary
 
 
 class Killed(Exception):
@@ -672,19 +677,19 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
     config["total_timesteps"] = 4 * 2 * config["num_steps"]
     full = vmpo.train(vmpo.Args(exp_name="full", **config))
 
-    real_save = checkpoints.save_checkpoint
+    real_save = harness.save_checkpoint
 
-    def save_then_die_at_iteration_3(path, checkpoint):
+    def save_then_die_at_iteration_3(path, checkpoint, dir_fd=None):
         if checkpoint["iteration"] == 3:
             raise Killed
-        real_save(path, checkpoint)
+        real_save(path, checkpoint, dir_fd)
 
-    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_3)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_3)
     with pytest.raises(Killed):
         vmpo.train(vmpo.Args(exp_name="killed", checkpoint_every=1, **config))
-    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
-    checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
+    checkpoint = read_back(f"{run_dir}/checkpoint.safetensors")
     assert checkpoint["iteration"] == 2 and ("memory" in checkpoint) == lstm
     if lstm:  # h and c of each env, not the initial zeros
         assert checkpoint["memory"]["core_state"].shape == (2, 2, 64 if env_id == "CartPole-v1" else 256)
@@ -693,7 +698,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
     # TensorBoard reads a run's event files in name order, and the name starts with the time in whole
     # seconds: a real restart comes seconds later, so make sure this one does too
     time.sleep(1.0)
-    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"]
     assert resumed["mean_return"] == full["mean_return"]  # the last 100 episodes' returns are in the checkpoint
     expected, got = read_scalars(full["run_dir"]), read_scalars(run_dir)
@@ -705,32 +710,32 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
 def test_resume_takes_only_cuda_from_the_command_line(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit, match="drop --seed, --total-timesteps"):
-        vmpo.train(vmpo.Args(resume="runs/x/checkpoint.pt", seed=3, total_timesteps=5, cuda=False))
+        vmpo.train(vmpo.Args(resume="runs/x/checkpoint.safetensors", seed=3, total_timesteps=5, cuda=False))
 
 
 def test_resume_procgen_restarts_its_envs_fresh_and_says_so(monkeypatch, tmp_path, capsys):
     pytest.importorskip("procgen")
     monkeypatch.chdir(tmp_path)
-    real_save = checkpoints.save_checkpoint
+    real_save = harness.save_checkpoint
 
-    def save_then_die_at_iteration_2(path, checkpoint):
+    def save_then_die_at_iteration_2(path, checkpoint, dir_fd=None):
         if checkpoint["iteration"] == 2:
             raise Killed
-        real_save(path, checkpoint)
+        real_save(path, checkpoint, dir_fd)
 
-    monkeypatch.setattr(checkpoints, "save_checkpoint", save_then_die_at_iteration_2)
+    monkeypatch.setattr(harness, "save_checkpoint", save_then_die_at_iteration_2)
     with pytest.raises(Killed):
         vmpo.train(vmpo.Args(env_id="starpilot", num_envs=2, num_steps=8, num_minibatches=2, total_timesteps=32,
                              checkpoint_every=1, cuda=False))
-    monkeypatch.setattr(checkpoints, "save_checkpoint", real_save)
+    monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/starpilot__*")
-    checkpoint = torch.load(f"{run_dir}/checkpoint.pt")
+    checkpoint = read_back(f"{run_dir}/checkpoint.safetensors")
     assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] == {  # Procgen's C++ envs are not data
         "restarts": "ProcgenVecEnv's envs cannot be saved as data"}
     assert "reward" in checkpoint["normalizers"]
     time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
     capsys.readouterr()
-    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.pt", cuda=False))
+    resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["global_step"] == 32
     assert ("note: --resume: the envs restart with new episodes (ProcgenVecEnv's envs cannot be saved as data)."
             in capsys.readouterr().out.splitlines())
@@ -740,7 +745,7 @@ def test_resume_procgen_restarts_its_envs_fresh_and_says_so(monkeypatch, tmp_pat
 def test_evaluation_of_a_saved_cartpole_checkpoint(monkeypatch, tmp_path, capsys):
     monkeypatch.chdir(tmp_path)
     trained = vmpo.train(vmpo.Args(exp_name="trained", total_timesteps=128, save_model=True, **TINY_CARTPOLE))
-    result = vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.pt", eval_episodes=3, cuda=False))
+    result = vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=3, cuda=False))
     assert len(result["returns"]) == 3 and all(r >= 1 for r in result["returns"])  # CartPole: +1 per step
     assert result["mean_return"] == pytest.approx(np.mean(result["returns"]))
     assert result["std_return"] == pytest.approx(np.std(result["returns"]))
@@ -761,9 +766,9 @@ def test_train_output_without_a_terminal_is_the_start_up_block_and_plain_lines(m
     assert lines[1:5] == ["  env        CartPole-v1", "  device     cpu (--no-cuda)",
                           f"  run dir    {result['run_dir']}",
                           "  steps      256 in 4 iterations of 64 (2 envs x 32 steps)"]
-    assert lines[5] == "  saves      checkpoint.pt every 30 minutes and at the end, model.pt at the end"
+    assert lines[5] == "  saves      checkpoint.safetensors every 30 minutes and at the end, model.safetensors at the end"
     assert len(lines) == 8 and lines[6].startswith("step 256/256 (100%)")  # dozens of episodes ended: no line for each
-    model = os.path.join(result["run_dir"], "model.pt")
+    model = os.path.join(result["run_dir"], "model.safetensors")
     assert lines[7] == f"saved {model}; play it: python vmpo.py --eval-checkpoint {model}"
 
 
