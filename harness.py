@@ -664,7 +664,7 @@ class Run:
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
         self.hyperparameters, self.num_iterations, self.device_note = hyperparameters, num_iterations, device_note
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.envs, self.run_dir, self.writer, self.lock = None, None, NoWriter(), None
+        self.envs, self.run_dir, self.writer, self.lock = None, None, Writer(), None
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
         self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
         self.checkpoints = command_args.checkpoint_every != 0
@@ -706,11 +706,6 @@ class Run:
             lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
         if args.capture_video:
             lines["films"] = f"env 0's episodes {', '.join(map(str, VIDEO_EPISODES))}, ... into {self.run_dir}/videos"
-        if args.track and self.rank == 0:  # before the writer, whose scalars it syncs
-            self.wandb_run_id = start_tracking(flags, self.run_dir, checkpoint.get("wandb_run_id") if checkpoint
-                                               else None)
-        if self.rank == 0:  # torchrun: only rank 0 logs
-            self.writer = open_writer(self.run_dir, args, checkpoint)
         print_startup(script, args.env_id, self.device_note, self.run_dir, dict(lines, saves=saves_note(flags)))
         suggest_recipe(self.hyperparameters, script)
         before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
@@ -718,8 +713,7 @@ class Run:
                             if getattr(before, name) != getattr(after, name))
         if changes:
             print(f"adjusted from the flags:\n{changes}")
-            if checkpoint is None:
-                self.writer.add_text("adjusted", changes.replace("\n", "  \n"))
+        self.adjusted = changes
         if args.capture_video and self.rank == 0:
             self.envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(self.run_dir, "videos"),
                                                         record_first_only=True, episode_trigger=video_schedule)
@@ -741,6 +735,13 @@ class Run:
             except SystemExit as error:
                 refusal = str(error.code)
             self.stop_if_refused(refusal)
+        if self.rank == 0:  # the logs open once a resume is known to fit: a refused one writes nothing (torchrun: rank 0)
+            if self.args.track:  # before the writer, whose scalars it syncs
+                self.wandb_run_id = start_tracking(self.command_args, self.run_dir, (self.checkpoint or {}).get(
+                    "wandb_run_id"))
+            self.writer.summary = open_writer(self.run_dir, self.args, self.checkpoint)
+            if self.adjusted and self.checkpoint is None:
+                self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.last_eval_step = global_step
         self.start_step, self.start_time = global_step, time.time()
@@ -1304,11 +1305,14 @@ def open_writer(run_dir: str, args, checkpoint) -> SummaryWriter:
     return writer
 
 
-class NoWriter:
-    """The SummaryWriter of the torchrun workers other than rank 0: every call does nothing."""
+class Writer:
+    """The run's TensorBoard writer (summary), once its logs open (Run.restore: a resume known to fit); until then, and
+    on the torchrun workers other than rank 0, every call does nothing."""
+
+    summary = None
 
     def __getattr__(self, name):
-        return lambda *args, **kwargs: None
+        return getattr(self.summary, name) if self.summary is not None else lambda *args, **kwargs: None
 
 
 class Progress:
@@ -1476,8 +1480,8 @@ def evaluated(args, script: Script) -> dict:
     try:
         returns = play(envs, act, args.eval_episodes, args.seed, stopping=lambda: bool(stop))
     except NotFinite as error:
-        raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:]} (its weights and statistics made them "
-                         f"so: it is not a trained run's).") from None
+        raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:-1]} (its weights and statistics made "
+                         f"them so: it is not a trained run's).") from None
     finally:
         envs.close()
         for sig, handler in handlers.items():

@@ -344,14 +344,15 @@ def test_every_way_an_env_id_can_fail_is_said_in_one_sentence(tmp_path, monkeypa
     assert not os.path.exists("runs")
 
 
-def model_file(module, path, scale: float = 1.0, **flags) -> None:
-    """A model file of `module` as a run writes it, with a fresh policy's weights times `scale` and `flags`."""
+def model_file(module, path, fill=None, **flags) -> None:
+    """A model file of `module` as a run writes it, with a fresh policy's weights (each `fill`, if given) and `flags`."""
     env_id = "Pendulum-v1" if module.SCRIPT.actions == "continuous" else "CartPole-v1"  # what it builds on
     args = module.SCRIPT.defaults(module.Args(**{**TINY, "env_id": env_id}))
     envs = module.make_env(dataclasses.replace(args, num_envs=1))
     built = []
     module.SCRIPT.acting_policy(args, envs, lambda network, name: built.append(network), "cpu")
-    weights = {name: value * scale for name, value in built[0].state_dict().items()}
+    weights = {name: value if fill is None else torch.full_like(value, fill)
+               for name, value in built[0].state_dict().items()}
     model = {"script": module.SCRIPT.name, "args": dataclasses.asdict(module.Args(**{**TINY, "env_id": env_id, **flags})),
              "global_step": 64,
              "normalizers": harness.normalizer_states(envs), "models": {module.SCRIPT.policy: weights}}
@@ -786,3 +787,150 @@ def test_a_writer_removes_the_temporary_files_of_one_killed_mid_write_and_nothin
     os.mkdir(tmp_path / ".checkpoint.safetensors.0000000000000000.tmp")  # not a file: left alone
     harness.save_checkpoint(path, {"iteration": 1})
     assert sorted(os.listdir(tmp_path)) == [".checkpoint.safetensors.0000000000000000.tmp", "checkpoint.safetensors"]
+
+
+# ============================================================ round four: a safetensors file, rules not cases
+# 3 ------------------------------------------------------------------------- huge but finite numbers
+@pytest.mark.parametrize("script", ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"])
+def test_a_policy_whose_outputs_are_not_finite_stops_in_one_sentence_wherever_a_script_samples(tmp_path, monkeypatch,
+                                                                                                script):
+    module = __import__(script)
+    monkeypatch.chdir(tmp_path)
+    model_file(module, "model.safetensors", fill=3e38)  # finite weights (float32's largest is 3.4e38): inf outputs
+    with pytest.raises(SystemExit, match=r"^--eval-checkpoint model\.safetensors: the policy's outputs are not finite: "
+                                         r"no action can be sampled from them \(its weights and statistics made them "
+                                         r"so: it is not a trained run's\)\.$"):
+        module.train(module.Args(eval_checkpoint="model.safetensors", cuda=False))
+    real_broadcast = harness.broadcast_weights
+
+    def huge(*modules):  # the weights a run starts from, as if a file had set them
+        real_broadcast(*modules)
+        with torch.no_grad():
+            for parameter in (p for m in modules for p in m.parameters()):
+                parameter.fill_(3e38)
+    monkeypatch.setattr(harness, "broadcast_weights", huge)
+    config = dict(TINY, env_id="Pendulum-v1", num_steps=64) if script == "ppo_er" else dict(TINY)
+    config.update(dict(n_pi=1, aux_minibatch_size=64) if script == "ppg_ewma" else {})
+    with pytest.raises(SystemExit, match=r"^The policy's outputs are not finite in iteration 1: training made them so: "
+                                         r"no action can be sampled from them\.$"):
+        module.train(module.Args(**config, total_timesteps=2 * 64))
+
+
+def test_numbers_from_a_resumed_file_that_make_the_policy_overflow_are_named_as_its(stopped):
+    path, craft = stopped
+    for edit in [lambda c: [weight.fill_(3e38) for weight in c["models"]["agent"].values()],  # float32's max 3.4e38
+                 lambda c: layer(c, "CartPoleEnv").update(tau=1e30, force_mag=1e30, x_threshold=1e30,
+                                                          theta_threshold_radians=1e30)]:  # within FLOAT_BOUND
+        craft(edit)
+        with pytest.raises(SystemExit, match=r"^The policy's outputs are not finite in iteration 2: the run resumed "
+                                             r"from --resume .*checkpoint\.safetensors, whose weights, statistics and "
+                                             r"env state it trained on: no action can be sampled from them\.$"):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+
+
+# 4 ------------------------------------------------------------------- statistics whose arithmetic overflows
+def test_statistics_whose_derived_values_overflow_are_refused_when_restored(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=2 * 64, norm_value=True))
+    path = os.path.join(result["run_dir"], "checkpoint.safetensors")
+    original = read_back(path)
+    os.remove(os.path.join(result["run_dir"], "model.safetensors"))
+    for value, message in [({"weight": 1e-200, "sum": 1e30}, r"its value statistics' std cannot be computed "
+                                                             r"\(OverflowError\): it is not this run's\.$"),
+                           ({"weight": 1e-300, "sum": 1e30, "sum_sq": 0.0}, r"its value statistics' mean is inf: it "
+                                                                            r"is not this run's\.$")]:
+        checkpoint = copy.deepcopy(original)
+        checkpoint["normalizers"]["value"].update(value)  # each within FLOAT_BOUND; sum / weight is not
+        write_back(path, {**checkpoint, "iteration": 1, "global_step": 64})
+        with pytest.raises(SystemExit, match=r"^--resume .*checkpoint\.safetensors: " + message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+
+
+# 5 ----------------------------------------------------------------------- every worker's part, checked alike
+def test_every_workers_part_is_checked_as_the_first_workers_is(stopped):
+    path, craft = stopped
+    part = harness.worker_part(read_back(path))
+    for workers, message in [
+        ([{key: value for key, value in part.items() if key != "normalizers"}],
+         r"checkpoint\.safetensors: its part of worker 1 is not a ppo_ewma\.py checkpoint\.$"),
+        ([[1, 2]], r"checkpoint\.safetensors: its part of worker 1 is not one a run writes\.$"),
+        ([dict(part, iteration=1)], r"checkpoint\.safetensors: its part of worker 1 is not one a run writes\.$"),
+        ([dict(part, extra=1)], r"checkpoint\.safetensors: its part of worker 1 holds 'extra', which no "),
+    ]:
+        craft(lambda checkpoint: checkpoint.update(workers=workers))
+        for args in (ppo_ewma.Args(resume=path), ppo_ewma.Args(eval_checkpoint=path)):  # read alike by either
+            with pytest.raises(SystemExit, match=message):
+                ppo_ewma.train(args)
+
+
+# 6, 7 ------------------------------------------------------------- the run directory's names and depth
+def test_the_walk_of_a_run_directory_is_bounded_and_says_every_name_escaped(stopped, tmp_path, monkeypatch):
+    path, _ = stopped
+    run_dir = os.path.dirname(path)
+    forged = os.path.join(run_dir, "\x1b[2J\x1b[31mforged line")  # would clear the screen and print in red
+    os.symlink("/", forged)
+    with pytest.raises(SystemExit) as refused:
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert "\x1b" not in str(refused.value) and "holds a link, " in str(refused.value)
+    assert str(refused.value).endswith(r"/\x1b[2J\x1b[31mforged line, which no run makes: the resumed run would write "
+                                       r"through it; resume a copy of the checkpoint in a directory of its own.")
+    os.remove(forged)
+    folder = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(1100):  # deeper than PATH_MAX allows a path to name: made one folder at a time
+        os.mkdir("d" * 8, dir_fd=folder)
+        inner = os.open("d" * 8, os.O_RDONLY | os.O_DIRECTORY, dir_fd=folder)
+        os.close(folder)
+        folder = inner
+    os.close(folder)
+    started = time.monotonic()
+    with pytest.raises(SystemExit, match=r"its directory holds folders nested deeper than 8, .*/dddddddd, which no "
+                                         r"run makes"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert time.monotonic() - started < 10
+    subprocess.run(["rm", "-rf", os.path.join(run_dir, "d" * 8)], check=True)  # deeper than shutil.rmtree goes
+
+    def unreadable(folder):
+        raise PermissionError(13, "Permission denied", folder)
+    monkeypatch.setattr(checkpoints.os, "scandir", unreadable)
+    with pytest.raises(SystemExit, match=r": its directory cannot be walked \(Permission denied: runs/CartPole"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+
+
+# 8 ---------------------------------------------------------------------------------- a signal while it loads
+def test_a_signal_while_a_checkpoint_is_read_stops_at_once_in_one_line(stopped, monkeypatch, capsys):
+    path, _ = stopped
+    before = signal.getsignal(signal.SIGINT)
+    real_read = checkpoints.read
+
+    def slow_read(*args, **kwargs):  # Ctrl-C while safetensors reads a large file
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+        return real_read(*args, **kwargs)
+    monkeypatch.setattr(checkpoints, "read", slow_read)
+    for args in (ppo_ewma.Args(resume=path), ppo_ewma.Args(eval_checkpoint=path)):
+        started = time.monotonic()
+        with pytest.raises(SystemExit) as stopped_by:
+            ppo_ewma.train(args)
+        assert stopped_by.value.code == 130 and time.monotonic() - started < 4
+        assert capsys.readouterr().out.splitlines()[-1] == "SIGINT: stopping now, before any training."
+        assert signal.getsignal(signal.SIGINT) is before  # given back
+
+
+# 9 ----------------------------------------------------------- the run directory swapped while the run trains
+def test_a_run_directory_swapped_for_a_link_while_the_run_trains_gets_its_checkpoints(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    real_end = harness.Run.end_iteration
+
+    def swap_after_iteration_1(run, iteration, *args, **kwargs):
+        if iteration == 1:  # the checked directory renamed, a link to another put in its place
+            os.rename(run.run_dir, run.run_dir + ".moved")
+            os.symlink(target, run.run_dir)
+        real_end(run, iteration, *args, **kwargs)
+    monkeypatch.setattr(harness.Run, "end_iteration", swap_after_iteration_1)
+    result = ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=3 * 64, checkpoint_every=1))
+    moved = sorted(os.listdir(result["run_dir"] + ".moved"))
+    assert {"checkpoint.safetensors", "model.safetensors", "run.lock"} <= set(moved)
+    assert not {"checkpoint.safetensors", "model.safetensors"} & set(os.listdir(target))  # TensorBoard's may be
+    assert read_back(result["run_dir"] + ".moved/checkpoint.safetensors")["iteration"] == 3

@@ -14,6 +14,7 @@ import importlib
 import math
 import multiprocessing
 import os
+import re
 import signal
 import socket
 import time
@@ -507,3 +508,28 @@ def test_a_checkpoint_resumes_only_with_as_many_workers_as_wrote_it(tmp_path, mo
     with pytest.raises(SystemExit, match=r"its checkpoint holds the envs of 2 workers, not 1: resume it with torchrun "
                                          r"--nproc_per_node 2\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
+
+
+def resume_refused_on_worker_1(rank, out_dir):
+    os.chdir(out_dir)
+    (path,) = glob.glob("runs/*__full__*/checkpoint.safetensors")
+    with pytest.raises(SystemExit) as error:
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    torch.save(str(error.value), f"{out_dir}/rank{rank}.pt")
+
+
+def test_a_refusal_on_one_worker_is_every_workers(tmp_path):
+    # worker 1's own part (its reward statistics) does not fit: before, worker 1 stopped alone and worker 0 trained
+    # on into a gloo error; now the first refusal is agreed, and both say it before either trains
+    run_two_workers(full_run, "ppo_ewma", dict(TINY, total_timesteps=2 * 256), str(tmp_path))
+    (path,) = glob.glob(str(tmp_path / "runs" / "*__full__*" / "checkpoint.safetensors"))
+    checkpoint = read_back(path)
+    checkpoint["workers"][0]["normalizers"]["reward"]["mean"] = float("nan")
+    write_back(path, {**checkpoint, "iteration": 1, "global_step": 256})
+    os.remove(os.path.join(os.path.dirname(path), "model.safetensors"))
+    run_two_workers(resume_refused_on_worker_1, str(tmp_path))
+    messages = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    assert messages[0] == messages[1] and re.fullmatch(r"--resume \S+checkpoint\.safetensors: its reward statistics"
+                                                       r"\['mean'\] is nan, beyond any run's \(nan, inf or over "
+                                                       r"1e\+30\): it is not this run's\.", messages[0]), messages
+    assert len(logged(os.path.dirname(path))["losses/policy_loss"]) == 2  # its 2 iterations, none trained since
