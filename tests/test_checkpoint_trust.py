@@ -925,6 +925,7 @@ def test_a_run_directory_swapped_for_a_link_while_the_run_trains_gets_its_checkp
 
     def swap_after_iteration_1(run, iteration, *args, **kwargs):
         if iteration == 1:  # the checked directory renamed, a link to another put in its place
+            run.writer.flush()  # TensorBoard writes by path, from a thread of its own: not while its path is gone
             os.rename(run.run_dir, run.run_dir + ".moved")
             os.symlink(target, run.run_dir)
         real_end(run, iteration, *args, **kwargs)
