@@ -6,7 +6,8 @@ that the first difference a student sees is one that can be worked by hand.
 The script's own piece comes from a fresh copy of the script, loaded from its file under another module name: --impl
 replaces names in the imported scripts, and a script's function calls the others through its module's globals (PPG's
 aux_loss calls categorical_kl), so only a copy of its own is still the script's everywhere. Without --impl both sides
-are the script's, and every test here passes.
+are the script's, and every test here passes. The tests take no fixtures: tests/test_exercises.py calls them directly
+with answers put in place.
 
 Tolerance: another order of the same float32 operations is a right answer. It moves a result by a few ulps (1.2e-7)
 of the largest number the result passes through, so each comparison allows 1e-5 of that size (about 80 ulps), sized
@@ -204,8 +205,15 @@ def clip_loss_tolerances(inputs, own_outputs, own_grads):
 
 
 def test_decoupled_clip_loss_equals_the_scripts_own_on_random_batches():
-    compare("decoupled_clip_loss", clip_loss_cases(), differentiated=("new_logp",),
-            stopped=("prox_logp", "behav_logp"), tolerances=clip_loss_tolerances)
+    cases = clip_loss_cases()
+    # the cases reach each branch: the cap, and r clipped above with A > 0 and below with A < 0
+    def reached(branch):
+        return any(branch(case["new_logp"] - case["prox_logp"], case["advantages"], case).any() for case in cases)
+    assert reached(lambda r, a, case: case["new_logp"] - case["behav_logp"] > math.log(case["max_is_ratio"]))
+    assert reached(lambda r, a, case: (r > math.log(1 + case["clip_coef"])) & (a > 0))
+    assert reached(lambda r, a, case: (r < math.log(1 - case["clip_coef"])) & (a < 0))
+    compare("decoupled_clip_loss", cases, differentiated=("new_logp",), stopped=("prox_logp", "behav_logp"),
+            tolerances=clip_loss_tolerances)
 
 
 # -------------------------------------------------------------------------------- 3. update_ewma, com_to_decay
@@ -445,8 +453,12 @@ def e_step_cases():
 def test_vmpo_e_step_equals_the_scripts_own():
     # which of tied advantages topk keeps depends on torch's implementation, so the weights are compared sorted and
     # summed over each value of A (which catches a weight on a sample outside the top k)
+    cases = e_step_cases()
+    kept_and_dropped_tie = [case["advantages"].sort(descending=True).values for case in cases]
+    assert any(len(a) > (k := max(1, int(case["top_k_fraction"] * len(a)))) and a[k - 1] == a[k]
+               for a, case in zip(kept_and_dropped_tie, cases))  # a tie across the edge of the top k
     for script, tested, own in pieces("vmpo_e_step"):
-        for inputs in e_step_cases():
+        for inputs in cases:
             case = case_of(inputs)
             (own_weights, own_loss), own_grads = run(own, inputs, ("temperature",), ("advantages",))
             outputs, grads = run(tested, inputs, ("temperature",), ("advantages",))

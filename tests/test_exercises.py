@@ -1,6 +1,8 @@
 """docs/exercises.md: each exercise's check runs the project's own tests against a file of the student's (--impl, in
-conftest.py). Handed in that way, the scripts' own functions pass every exercise; a wrong one fails; a misnamed one
-is refused before any test runs."""
+conftest.py): the hand-worked tests of the piece and its comparison with the script's own on random inputs
+(test_exercise_checks.py). Handed in that way, the scripts' own functions pass every exercise, and so do right answers
+that order the operations otherwise; each wrong answer of exercise_answers.py fails; a misnamed function is refused
+before any test runs, and a name that replaces nothing fails the run."""
 import ast
 import importlib
 import inspect
@@ -156,9 +158,9 @@ def test_the_scripts_own_functions_pass_every_exercise(tmp_path):
 
 
 def comparisons_of(sources, tmp_path, monkeypatch):
-    """{(exercise, answer's index): the AssertionError or other exception of each comparison test of the exercise
-    (tests/test_exercise_checks.py), None where it passed}, with each answer of `sources` ({an exercise's first piece:
-    [the source of a student's file]}) put in place as --impl puts it, one after another in this process."""
+    """{(exercise, answer's index, comparison test): the exception it raised, None where it passed}: each answer of
+    `sources` ({an exercise's first piece: [the sources of student's files]}) put in place as --impl puts it, one after
+    another in this process, and each comparison test of its exercise (test_exercise_checks.py) called directly."""
     by_piece = {names[0]: (title, names) for title, names, _ in exercises()}
     found = {}
     for piece, answers in sources.items():
@@ -176,7 +178,7 @@ def comparisons_of(sources, tmp_path, monkeypatch):
                     try:
                         getattr(exercise_checks, test)()
                         found[title, number, test] = None
-                    except Exception as error:  # noqa: BLE001 (a failure of any kind fails the check)
+                    except Exception as error:  # a failure of any kind fails the check
                         found[title, number, test] = error
     return found
 
@@ -205,7 +207,7 @@ def test_each_wrong_answer_fails_the_comparison_with_the_scripts_own(tmp_path, m
 def test_a_wrong_answer_fails_its_check_as_a_student_runs_it(tmp_path):
     # end to end, the check command with an --impl file: issue 79's E-step that keeps the largest |A|, which passed the
     # hand-worked tests only because topk broke a tie the right way, fails the comparison with the script's own
-    (title, names, check), = [exercise for exercise in exercises() if exercise[1] == ["vmpo_e_step"]]
+    (_, names, check), = [exercise for exercise in exercises() if exercise[1] == ["vmpo_e_step"]]
     (_, _, edits), = [answer for answer in WRONG["vmpo_e_step"] if "|A|" in answer[0]]
     path = tmp_path / "my_e_step.py"
     path.write_text(script_source(names, edits, tmp_path))
