@@ -317,9 +317,9 @@ def encoded(value, tensors: dict, path: str = ""):
     """A checkpoint's value as JSON, each tensor moved into `tensors` under its path ("models/agent/actor.weight") and
     named by {"$tensor": path}; a tuple as {"$tuple": [...]}, a dict of int keys as {"$int_keys": [[key, value]]},
     inf and nan as {"$float": "inf"}."""
-    if isinstance(value, torch.Tensor):  # a copy of its own (no two share memory), contiguous, on the CPU
+    if isinstance(value, torch.Tensor):  # contiguous, on the CPU (safetensors copies it into the file's bytes)
         assert path not in tensors, path
-        tensors[path] = value.detach().cpu().clone(memory_format=torch.contiguous_format)
+        tensors[path] = value.detach().cpu().contiguous()
         return {"$tensor": path}
     if isinstance(value, float) and not math.isfinite(value):
         return {"$float": str(value)}
@@ -352,8 +352,7 @@ def model_bytes(checkpoint: dict, policy: str) -> bytes:
                                    else value for key, value in state.items()}
                             for name, state in checkpoint["normalizers"].items() if name == "obs_0"}
     text = json.dumps(model, allow_nan=False, separators=(",", ":"))
-    weights = {name: value.detach().cpu().clone(memory_format=torch.contiguous_format)
-               for name, value in checkpoint["models"][policy].items()}
+    weights = {name: value.detach().cpu().contiguous() for name, value in checkpoint["models"][policy].items()}
     return safetensors.torch.save(weights, metadata={"model": text})
 
 

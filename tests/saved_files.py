@@ -21,7 +21,7 @@ def read_back(path) -> dict:
 
 def read_all(value):
     if isinstance(value, checkpoints.Stored):
-        return value.read()
+        return value.read().clone()
     if isinstance(value, (list, tuple)):
         return type(value)(read_all(item) for item in value)
     if isinstance(value, dict):

@@ -120,8 +120,8 @@ def test_no_checkpoint_makes_a_load_allocate_more_than_the_rebuilt_run_holds(sto
          r"^--resume .*checkpoint\.safetensors: its optimizer\['state'\]\[0\]\['exp_avg'\] is a torch\.float32 "
          r"tensor of shape \[1000000\], not a torch\.float32 tensor of shape \[64, 4\]",
          "optimizers/optimizer/state/0/exp_avg"),
-        (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 300_000, 0, 0, 0.0)),  # each a value
-         r"^--resume .*checkpoint\.safetensors is not a checkpoint a run writes: its metadata holds more than 262,144 "
+        (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 1_100_000, 0, 0, 0.0)),  # each a value
+         r"^--resume .*checkpoint\.safetensors is not a checkpoint a run writes: its metadata holds more than 1,048,576 "
          r"values\.$", None),
         (lambda checkpoint: checkpoint["rng"].update(numpy=("MT19937", [0] * 1000, 0, 0, 0.0)),
          r"^--resume .*checkpoint\.safetensors: its rng\['numpy'\]\[1\] is not a list of 624 items: it is not this "
@@ -176,8 +176,8 @@ def test_a_header_beyond_any_runs_is_refused_before_safetensors_reads_it(stopped
 def test_the_metadatas_json_is_bounded_before_it_is_built(stopped):
     path, craft = stopped
     for edit, message in [
-        (lambda c: c["optimizers"]["optimizer"]["state"].update(dict.fromkeys(range(10, 200_000), 0.0)),
-         r"its metadata holds more than 262,144 values"),  # 150,000 int keys that hash alike once took minutes
+        (lambda c: c["optimizers"]["optimizer"]["state"].update(dict.fromkeys(range(10, 400_000), 0.0)),
+         r"its metadata holds more than 1,048,576 values"),  # 150,000 int keys that hash alike once took minutes
         (lambda c: c.update(episode_returns=[10**40]), r"it holds an int of more than 39 digits"),
         (lambda c: c["args"].update(seed=2**128), r"its flag seed is 340282366920938463463374607431768211456, which "),
     ]:
@@ -694,8 +694,8 @@ def test_nesting_and_size_within_the_bounds_are_read_and_beyond_them_refused(sto
     for edit, message in [(lambda c: c.update(deep=nested), r"is not a checkpoint a run writes: its metadata nests "
                                                             r"deeper than 32\.$"),
                           (lambda c: c.update(deep=nested_ok), r"holds 'deep', which no ppo_ewma\.py checkpoint holds"),
-                          (lambda c: c.update(big=dict.fromkeys(map(str, range(300_000)), 0)),
-                           r"is not a checkpoint a run writes: its metadata holds more than 262,144 values\.$"),
+                          (lambda c: c.update(big=dict.fromkeys(map(str, range(600_000)), 0)),
+                           r"is not a checkpoint a run writes: its metadata holds more than 1,048,576 values\.$"),
                           (lambda c: c.update(big=dict.fromkeys(map(str, range(10_000)), 0)),
                            r"holds 'big', which no ppo_ewma\.py checkpoint holds")]:
         craft(edit)
