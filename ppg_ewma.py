@@ -293,8 +293,10 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> the scaled rewards. gather (torchrun):
-        every worker's [B] returns concatenated, so that all share one estimate, as the official code's all-reduce."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode, so R_t = r_t, at t = 0 too) -> the scaled
+        rewards, [T, N], clipped to [-clip, clip]. gather (torchrun): takes this rollout's returns, [T, N] flattened
+        row-major to [T N] (index t * N + n), and gives every worker's concatenated, so that all share one estimate, as
+        the official code's all-reduce."""
         raw_rewards, raw_dones = rewards.cpu().numpy(), dones.cpu().numpy()  # the loop on NumPy, as compute_gae's
         returns, ret = np.zeros_like(raw_rewards), self.returns.cpu().numpy()
         for t in range(len(raw_rewards)):

@@ -3,8 +3,8 @@
 # PPO-ER paper's Table II settings (K = 1 actor, N = 2048, M = 64, 10 epochs, step size and clip factor annealed
 # by alpha): replay of L = 2 batches (PPO-ER) against L = 1 (its PPO baseline). PPO-EWMA on MuJoCo:
 # benchmark/mujoco_ewma.sh.
-# 12 runs. Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again
-# resumes the unfinished runs with --resume and skips the finished ones (model.pt). OUT=DIR keeps the runs outside
+# 12 runs. Resumable: each run writes checkpoint.safetensors every 25 iterations and on SIGINT/SIGTERM; running this again
+# resumes the unfinished runs with --resume and skips the finished ones (model.safetensors). OUT=DIR keeps the runs outside
 # the work tree.
 # Cost here (2 CPU cores, JOBS=1, OMP_NUM_THREADS=1): see docs/benchmarks.md.
 # `bash benchmark/mujoco.sh --list` prints the runs, one per line.
@@ -20,9 +20,9 @@ runs() {
 run() {  # env seed L: resume, skip or start one run
   local env=$1 seed=$2 L=$3 dir
   dir=$(ls -d "$OUT/runs/${env}__ppo-er-L${L}__${seed}__"* 2> /dev/null | head -n 1 || true)
-  if [ -n "$dir" ] && [ -e "$dir/model.pt" ]; then return; fi
-  if [ -n "$dir" ] && [ -e "$dir/checkpoint.pt" ]; then
-    python "$ROOT/ppo_er.py" --resume "$dir/checkpoint.pt" --no-cuda --checkpoint-every 25
+  if [ -n "$dir" ] && [ -e "$dir/model.safetensors" ]; then return; fi
+  if [ -n "$dir" ] && [ -e "$dir/checkpoint.safetensors" ]; then
+    python "$ROOT/ppo_er.py" --resume "$dir/checkpoint.safetensors" --no-cuda --checkpoint-every 25
   else
     [ -z "$dir" ] || rm -rf "$dir"
     python "$ROOT/ppo_er.py" --env-id "$env" --replay-batches "$L" --seed "$seed" --exp-name "ppo-er-L$L" --no-cuda \
@@ -37,7 +37,7 @@ if [ "${1:-}" != --plot ]; then  # --plot: the tables and plots alone, from $DAT
   export -f run
   runs | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
-  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.safetensors" ] || ln -s "$dir" "$OUT/finished/"; done
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS \
     losses/clipfrac losses/clipfrac_fresh losses/clipfrac_replayed losses/ratio_max
 fi

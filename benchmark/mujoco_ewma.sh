@@ -20,8 +20,8 @@
 # (as HalfCheetah's seeds 1-3 suggest, +1407), and will leave Walker2d and Hopper unresolved unless their gap
 # closes. If the default fails the margin on any env, the docstring's MuJoCo recipe runs PPO.
 # Judged on 2026-11-25 at 5 seeds each: not shown on any env, so the recipe runs PPO (docs/ppo_ewma.md).
-# Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
-# unfinished runs with --resume and skips the finished ones (model.pt). Stop it with Ctrl-C, or
+# Resumable: each run writes checkpoint.safetensors every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
+# unfinished runs with --resume and skips the finished ones (model.safetensors). Stop it with Ctrl-C, or
 # `kill -TERM -- -PGID` when started with setsid. `bash benchmark/mujoco_ewma.sh --list` prints the runs;
 # `bash benchmark/mujoco_ewma.sh 'REGEX'` runs only those whose line matches (e.g. '^Walker2d-v5 1 '), `--plot` none;
 # then the tables and figures are made from the runs that finished. OUT=DIR keeps the runs outside the work tree.
@@ -51,9 +51,9 @@ run() {  # env seed name flags...: resume, skip or start one run
   local env=$1 seed=$2 name=$3 dir
   shift 3
   dir=$(ls -d "$OUT/runs/${env}__${name}__${seed}__"* 2> /dev/null | head -n 1 || true)
-  if [ -n "$dir" ] && [ -e "$dir/model.pt" ]; then return; fi
-  if [ -n "$dir" ] && [ -e "$dir/checkpoint.pt" ]; then
-    python "$ROOT/ppo_ewma.py" --resume "$dir/checkpoint.pt" --no-cuda --checkpoint-every 25
+  if [ -n "$dir" ] && [ -e "$dir/model.safetensors" ]; then return; fi
+  if [ -n "$dir" ] && [ -e "$dir/checkpoint.safetensors" ]; then
+    python "$ROOT/ppo_ewma.py" --resume "$dir/checkpoint.safetensors" --no-cuda --checkpoint-every 25
   else
     [ -z "$dir" ] || rm -rf "$dir"
     python "$ROOT/ppo_ewma.py" --env-id "$env" $SETTINGS "$@" --seed "$seed" --exp-name "$name" --no-cuda \
@@ -68,7 +68,7 @@ export -f run
 [ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
 if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the tables and plots read
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
-  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.safetensors" ] || ln -s "$dir" "$OUT/finished/"; done
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS \
     losses/approx_kl_behav_last losses/clipfrac losses/entropy losses/is_capped_frac charts/update_epochs_run
 fi

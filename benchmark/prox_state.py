@@ -8,13 +8,14 @@ own state alongside, and on the last rollout compares the EWMA policy replayed f
 the one from its own carried state: KL between them and the largest change of an action's probability ratio, next
 to the KL between pi_prox and pi_behav that the update sees (the size the clip works on).
 
-    PYTHONPATH=.:benchmark python benchmark/prox_state.py runs/masked_cartpole-...__lstm__1__.../model.pt
+    PYTHONPATH=.:benchmark python benchmark/prox_state.py runs/masked_cartpole-...__lstm__1__.../checkpoint.safetensors
 """
 import argparse
 import dataclasses
 
 import torch
 
+import checkpoints
 import ppo_ewma
 
 
@@ -24,12 +25,12 @@ def main():
     parser.add_argument("--rollouts", type=int, default=4)
     parser.add_argument("--seed", type=int, default=1_000)
     flags = parser.parse_args()
-    checkpoint = torch.load(flags.checkpoint, weights_only=True)
-    args = dataclasses.replace(ppo_ewma.Args(**checkpoint["args"]), seed=flags.seed)
+    checkpoint = checkpoints.read(flags.checkpoint, "checkpoint", ppo_ewma.SCRIPT, kinds=("checkpoint",))
+    args = dataclasses.replace(checkpoints.checkpoint_args(checkpoint, ppo_ewma.SCRIPT, flags.checkpoint), seed=flags.seed)
     envs = ppo_ewma.make_env(args)
     behaviour, ewma = (ppo_ewma.Agent(envs, rnn=args.rnn) for _ in range(2))
-    behaviour.load_state_dict(checkpoint["models"]["agent"])
-    ewma.load_state_dict(checkpoint["models"]["ewma_agent"])
+    for network, name in ((behaviour, "agent"), (ewma, "ewma_agent")):
+        checkpoints.load_weights(network, checkpoint["models"], name, flags.checkpoint)
     torch.manual_seed(flags.seed)
     obs, _ = envs.reset(seed=flags.seed)
     obs, done = torch.as_tensor(obs), torch.ones(args.num_envs)

@@ -12,8 +12,8 @@
 # runs at 1M steps: Hopper-v5 and Walker2d-v5, seeds 1-3; the plan's second bound is one of two; `vmpo-rerun` is the
 # recipe again, for its final models), the best variant on HalfCheetah-v5, `--eval` of final models (sampled and
 # the policy's mean) and Walker2d-v5 at 5M steps ("5m-" runs, each 5x a 1M run), from a worktree pinned at a commit.
-# Resumable: each run writes checkpoint.pt every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
-# unfinished runs and skips the finished ones (model.pt). `bash benchmark/vmpo_mujoco.sh --list` prints the runs;
+# Resumable: each run writes checkpoint.safetensors every 25 iterations and on SIGINT/SIGTERM; running this again resumes the
+# unfinished runs and skips the finished ones (model.safetensors). `bash benchmark/vmpo_mujoco.sh --list` prints the runs;
 # `bash benchmark/vmpo_mujoco.sh 'REGEX'` runs only those whose line matches, `--plot` none; then the tables and
 # figures are made from the runs that finished. OUT=DIR keeps the runs outside the work tree.
 set -euo pipefail
@@ -38,7 +38,7 @@ flags() {  # a V-MPO variant's change to the recipe (given after it, so it overr
     vmpo-mean-bound-0.02) echo "--eps-alpha-mean 0.02" ;;  # the second bound, if 0.05 no longer binds
     vmpo-gae) echo "--gae-lambda 0.95" ;;  # PPO's GAE instead of n-step returns (n = 256, lambda 1)
     vmpo-mean-bound-gae) echo "--eps-alpha-mean 0.05 --gae-lambda 0.95" ;;  # both
-    vmpo-rerun) echo "" ;;  # the recipe, run again for its model.pt (not committed)
+    vmpo-rerun) echo "" ;;  # the recipe, run again for its model.safetensors (not committed)
     vmpo-std-bound) echo "--eps-alpha-std 5e-4" ;;  # 10x the upper end of the paper's [5e-6, 5e-5)
     vmpo-std-global) echo "--no-state-dependent-std" ;;  # one learned std vector, as PPO's
     vmpo-multiplier-lr) echo "--multiplier-lr 3e-4" ;;  # = --learning-rate: the paper's one Adam for all
@@ -62,9 +62,9 @@ run() {  # env seed name: resume, skip or start one run
   local env=$1 seed=$2 name=$3 dir command
   command=$([ "${name#5m-}" = ppo ] && echo "$PPO $(flags "${name%ppo}")" || echo "$VMPO $(flags "$name")")
   dir=$(ls -d "$OUT/runs/${env}__${name}__${seed}__"* 2> /dev/null | head -n 1 || true)
-  if [ -n "$dir" ] && [ -e "$dir/model.pt" ]; then return; fi
-  if [ -n "$dir" ] && [ -e "$dir/checkpoint.pt" ]; then
-    python "$ROOT/${command%% *}" --resume "$dir/checkpoint.pt" --no-cuda --checkpoint-every 25
+  if [ -n "$dir" ] && [ -e "$dir/model.safetensors" ]; then return; fi
+  if [ -n "$dir" ] && [ -e "$dir/checkpoint.safetensors" ]; then
+    python "$ROOT/${command%% *}" --resume "$dir/checkpoint.safetensors" --no-cuda --checkpoint-every 25
   else
     [ -z "$dir" ] || rm -rf "$dir"
     python "$ROOT/"$command --env-id "$env" --seed "$seed" --exp-name "$name" --no-cuda --checkpoint-every 25
@@ -74,9 +74,9 @@ if [ "${1:-}" = --list ]; then runs; exit 0; fi
 if [ "${1:-}" = --eval ]; then  # --eval REGEX: the final models of the finished V-MPO runs whose directory matches,
   for dir in "$OUT"/runs/*/; do  # 10 episodes sampled and 10 with the policy's mean, into $EVAL (one row each)
     name=$(basename "$dir"); IFS=_ read -r env variant seed _ <<< "${name//__/_}"
-    [[ $name =~ $2 && -e $dir/model.pt && $variant = vmpo* ]] || continue
+    [[ $name =~ $2 && -e $dir/model.safetensors && $variant = vmpo* ]] || continue
     for mode in sampled deterministic; do
-      (cd "$OUT" && python "$ROOT/vmpo.py" --eval-checkpoint "$dir/model.pt" --eval-episodes 10 --no-cuda \
+      (cd "$OUT" && python "$ROOT/vmpo.py" --eval-checkpoint "$dir/model.safetensors" --eval-episodes 10 --no-cuda \
         $([ $mode = deterministic ] && echo --eval-deterministic)) | sed -n "s/^eval: mean return \([^,]*\),.*/$env,$variant,$seed,$mode,\1/p"
     done
   done | sort -s -u -t, -k1,4 - <(tail -n +2 "$EVAL" 2> /dev/null) | sed '1i env,variant,seed,mode,mean_return' \
@@ -90,7 +90,7 @@ export -f run flags
 [ "${1:-}" = --plot ] || runs | { grep -E -- "${1:-.}" || true; } | xargs -r -P "$JOBS" -L 1 bash -c 'run "$@"' run
 if [ -d "$OUT/runs" ]; then  # the finished runs' curves into $DATA, which the tables and plots read
   rm -rf "$OUT/finished" && mkdir "$OUT/finished"
-  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.pt" ] || ln -s "$dir" "$OUT/finished/"; done
+  for dir in "$OUT"/runs/*/; do [ ! -e "$dir/model.safetensors" ] || ln -s "$dir" "$OUT/finished/"; done
   python "$ROOT/benchmark/plot.py" "$OUT/finished" --export "$DATA" --tags charts/episodic_return charts/SPS kl/mean kl/std \
     kl/temperature charts/eta charts/alpha_mean charts/alpha_std
 fi
