@@ -149,8 +149,9 @@ class Script:
     doc: str  # its docstring: the first paragraph names the algorithm, the `python ...` lines are its recipes
     args_type: type  # its Args dataclass
     make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
-    acting_policy: Callable  # (args, envs, load, device) -> act(obs) -> env actions, for evaluation; load(module,
-    # name) puts the weights `name` into module, checked
+    acting_policy: Callable  # (args, envs, load, device) -> sample(obs, reward, done) -> actions (tensors; reward and
+    # done: the last step's, for a recurrent policy), for evaluation; load(module, name) puts the weights `name` into
+    # module, checked
     flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
     check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the run's Args
     describe: Callable = describe  # (the run's args, num_iterations) -> the start-up block's "steps" line
@@ -259,17 +260,18 @@ def obs_dtype(envs) -> torch.dtype:
     return torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
 
 
-def actor(sample: Callable, envs, device, memory: bool = False) -> Callable:
-    """act(obs, the last step's reward and done) (numpy) -> env actions for evaluation: sample(obs[, reward, done] with
-    `memory`, as float32 tensors) without gradient, Box actions clipped to their bounds as in training."""
+def actor(sample: Callable, envs, device) -> Callable:
+    """act(obs, the last step's reward and done) (NumPy) -> env actions, for evaluation: the script's acting policy,
+    sample(obs, reward, done) (float32 tensors; see Script.acting_policy), without gradient, Box actions clipped to
+    their bounds as in training."""
     space, dtype = envs.single_action_space, obs_dtype(envs)
 
     @torch.no_grad()
-    def act(obs, reward=None, done=None):
+    def act(obs, reward, done):
         obs = torch.as_tensor(obs, dtype=dtype, device=device)
-        previous = [torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)] if memory else []
-        action = sample(obs, *previous).cpu().numpy()
-        return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
+        action = sample(obs, *(torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)))
+        return np.clip(action.cpu().numpy(), space.low, space.high) if isinstance(space, gym.spaces.Box) else \
+            action.cpu().numpy()
     return act
 
 
@@ -835,8 +837,8 @@ class Run:
                                                             for i in range(num_episodes)} if num_obs else {}, True)
         weights = {name: model.state_dict() for name, model in self.saved.models.items()}
         load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
-        returns = play(self.eval_envs, self.script.acting_policy(self.args, self.eval_envs, load, self.device),
-                       num_episodes, seed, stopping=lambda: self.stop_signal is not None)
+        act = actor(self.script.acting_policy(self.args, self.eval_envs, load, self.device), self.eval_envs, self.device)
+        returns = play(self.eval_envs, act, num_episodes, seed, stopping=lambda: self.stop_signal is not None)
         set_rng_state(rng)
         return returns
 
@@ -1460,8 +1462,8 @@ def evaluated(args, script: Script) -> dict:
     envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
                            render_mode="rgb_array" if args.capture_video else None)
     checkpoints.load_normalizers(envs, checkpoint["normalizers"], ENV_WALK, source)
-    act = script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
-        module, checkpoint["models"], name, source), device)  # the weights checked, then loaded
+    act = actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
+        module, checkpoint["models"], name, source), device), envs, device)  # the weights checked, then loaded
     checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
     run_dir = make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within NAME_LENGTH
                            f"{checkpoint_dir[:2 * NAME_LENGTH]}__eval")

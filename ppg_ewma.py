@@ -841,16 +841,16 @@ def worker_share(args: Args, rank: int, world_size: int) -> Args:
 
 
 def acting_policy(args: Args, envs, load, device):
-    """The checkpoint's policy network (not the EWMA) as obs -> env actions, sampled or (--eval-deterministic) the
-    most likely."""
+    """The checkpoint's policy network (not the EWMA) as obs -> actions, sampled or (--eval-deterministic) the most
+    likely."""
     policy = PolicyNetwork(envs).to(device)
     load(policy, "policy")  # the checkpoint's weights, checked
 
-    def act(obs):
+    def act(obs, reward, done):  # (the last step's reward and done: unused)
         logits = policy.get_pi(obs)
         harness.check_policy(logits)
         return logits.argmax(-1) if args.eval_deterministic else torch.distributions.Categorical(logits=logits).sample()
-    return harness.actor(act, envs, device)
+    return act
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

@@ -417,17 +417,17 @@ def describe(args: Args, num_iterations: int) -> str:
 
 
 def acting_policy(args: Args, envs, load, device):
-    """The checkpoint's policy network as obs -> env actions, sampled or (--eval-deterministic) the mean, clipped to
-    the bounds as in training."""
+    """The checkpoint's policy network as obs -> actions, sampled or (--eval-deterministic) the mean (the harness clips
+    them to the bounds, as training does)."""
     agent = Agent(envs).to(device)
     load(agent, "agent")  # the checkpoint's weights, checked
 
-    def act(obs):
+    def act(obs, reward, done):  # (the last step's reward and done: unused)
         pi = agent.get_pi(obs)
         harness.check_policy(pi)
         mean, log_std = pi.chunk(2, dim=-1)
         return mean if args.eval_deterministic else mean + log_std.exp() * torch.randn_like(mean)
-    return harness.actor(act, envs, device)
+    return act
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

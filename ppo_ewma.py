@@ -6,8 +6,8 @@ uses it as the proximal policy of the decoupled objectives (Sec. 2, Sec. 4, Appe
 the behaviour policy, which collected the data, is used only for importance sampling.
 `--batch-divisor c` divides the batch size by c and adjusts the other hyperparameters so that
 training stays (approximately) the same as a function of environment steps (Sec. 3-4). Discrete actions
-(Procgen, CartPole) and continuous ones (a diagonal Gaussian policy: Pendulum, MuJoCo) both work.
-"The official code" in the comments is the paper's own, openai/ppo-ewma.
+(Procgen, CartPole) and continuous ones (a diagonal Gaussian policy: Pendulum, MuJoCo) both work; a recurrent policy
+is ppo_ewma_rnn.py's. "The official code" in the comments is the paper's own, openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
     python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA age and adv-norm span x4; invariant
@@ -145,16 +145,9 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     noise_scale: bool = False
     """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
     to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple"""
-    rnn: Optional[Literal["lstm", "gru", "rnn"]] = None
-    """a recurrent core of this cell after the encoder (vmpo.py's RecurrentCore), which also reads the previous action
-    and raw reward, and which both heads read (Box actions: one 64-64 encoder for both). Minibatches are whole env
-    unrolls, replayed from the states stored at the rollout's start (R2D2's), so M must divide N"""
-    compile: bool = False
-    """torch.compile the minibatch's loss and so its backward (CPU: inductor with the machine's C++ compiler), as
-    LeanRL does; where it cannot compile, a note says so and the run goes on eager. Not with --rnn"""
     norm_value: bool = False
     """skrl's value preprocessor: the value head predicts returns standardized by their running mean and std (updated
-    with each iteration's returns); GAE, the bootstraps and explained variance use the raw values"""
+    with each iteration's returns); GAE, the bootstraps and explained variance use the raw values (raw_value)"""
 
 
 def with_defaults(args: Args) -> Args:
@@ -241,11 +234,10 @@ def value_loss(values, returns):
     return ((values - returns) ** 2).mean()
 
 
-def minibatch_loss(agent, args, obs, actions, advantages, behav_logp, prox_pi, prox_logp, v_old, v_targets,
-                   replay=None):
+def minibatch_loss(agent, args, obs, actions, advantages, behav_logp, prox_pi, prox_logp, v_old, v_targets):
     """-L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1) of a minibatch with
-    pi and V under theta (--rnn: of the unrolls `replay`): (loss, its three terms, log pi(a|s))."""
-    new_pi, new_value = agent.unroll(*replay)[:2] if replay is not None else agent(obs)
+    pi and V under theta: (loss, its three terms, log pi(a|s))."""
+    new_pi, new_value = agent(obs)
     new_logp, entropy = policy_log_prob_and_entropy(new_pi, actions, agent.continuous, agent.nvec)
     if args.objective == "clip":
         pg_loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, args.clip_coef, args.max_is_ratio)
@@ -361,7 +353,7 @@ def epoch_minibatches(args: Args) -> list:
 
 # ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
-    if args.eval_checkpoint is not None:
+    if args.eval_checkpoint is not None:  # play a saved policy instead (evaluation.py)
         return harness.evaluate(args, SCRIPT)
     flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
     # the hyperparameters the run trains with: the defaults that depend on the action type, then Sec. 4's adjustments
@@ -376,101 +368,65 @@ def train(args: Args) -> dict:
     # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
     args, device, writer = run.args, run.device, run.writer
 
-    agent = Agent(envs, args.bf16, args.rnn).to(device)
+    agent = Agent(envs, args.bf16).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
     # PPO-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
     # (Appendix A), theta_prox = theta at the start
     ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None
     ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
-
-    # pi_prox of a minibatch: the EWMA network's policy
-    @torch.no_grad()
-    def prox_pi_of(obs, replay=None):
-        """pi_prox of the EWMA network, without gradient: on the CPU 64 frames at a time (the same numbers as one
-        pass); --rnn: the minibatch's unrolls replayed from the behaviour's stored states (as R2D2's target network)."""
-        if replay is not None:
-            return ewma_agent.unroll(*replay)[0]
-        return harness.in_chunks(ewma_agent.get_pi, obs, 64 if device.type == "cpu" else len(obs))
-
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
                                  betas=(args.adam_beta1, args.adam_beta2), fused=True)
     adv_moments = EwmaMoments(span_to_decay(args.adv_norm_span))
     reward_normalizer = RewardNormalizer(args.num_envs, args.reward_norm_gamma) if args.norm_reward else None
-    noise_scale = GradientNoiseScale() if args.noise_scale else None
-    # --norm-value, skrl's value preprocessor: the running mean and std of all returns so far (EWMA moments of decay 1)
-    # standardize V's targets, clipped to +-5 (skrl's clip_threshold); raw(): the head's output as a return (as it is)
-    value_moments = EwmaMoments(1.0) if args.norm_value else None
-    raw = lambda v: v.clamp(-5.0, 5.0) * (value_moments.std + 1e-8) + value_moments.mean if args.norm_value and \
-        value_moments.weight else v  # noqa: E731
+    value_moments = EwmaMoments(1.0) if args.norm_value else None  # --norm-value: every return so far (raw_value)
+    noise_scale = GradientNoiseScale() if args.noise_scale else None  # --noise-scale, a diagnostic
     warn_about_settings(args, agent.continuous)
-    loss_of = compiled(minibatch_loss) if args.compile else minibatch_loss  # --compile: its backward compiled too
 
-    # rollout storage
-    continuous, nvec, action_space = agent.continuous, agent.nvec, envs.single_action_space
-    if continuous:  # the env sees the action clipped to its bounds; log-probabilities use the sampled one
-        action_low = torch.as_tensor(action_space.low, device=device)
-        action_high = torch.as_tensor(action_space.high, device=device)
-    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
-    obs_shape, action_shape = envs.single_observation_space.shape, action_space.shape
+    # rollout storage, [T, N]
+    continuous, nvec, to_env = agent.continuous, agent.nvec, env_actions(envs.single_action_space, device)
+    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)
+    obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
-    action_dtype = torch.float32 if continuous else torch.long
-    actions = torch.zeros(rollout_shape + action_shape, dtype=action_dtype, device=device)
-    pi_size = 2 * int(np.prod(action_shape)) if continuous else sum(nvec) if nvec else action_space.n
-    behav_pis = torch.zeros(rollout_shape + (pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
+    actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float32 if continuous else torch.long, device=device)
+    behav_pis = torch.zeros(rollout_shape + (agent.pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
-    if args.rnn:  # the core's inputs besides obs and dones, as the rollout fed them
-        prev_actions, prev_rewards = torch.zeros_like(actions), torch.zeros(rollout_shape, device=device)
 
     next_obs, _ = envs.reset(seed=args.seed)
     next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what a checkpoint holds besides the env stack's state and statistics and the RNGs; --resume restores it
-    # --rnn: what the acting network carries from step to step, its core state and last action and raw reward
-    memory = agent.core.initial_memory(args.num_envs, device) if args.rnn else {}
     saved = harness.Saved(models={"agent": agent, "ewma_agent": ewma_agent}, optimizers={"optimizer": optimizer},
-                              normalizers={"reward": reward_normalizer, "advantages": adv_moments,
-                                           "noise_scale": noise_scale, "value": value_moments},
-                              keys={"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})})
+                          normalizers={"reward": reward_normalizer, "advantages": adv_moments,
+                                       "noise_scale": noise_scale, "value": value_moments},
+                          keys={"ewma_weight": ewma_weight})
     global_step, first_iteration, next_obs, next_done = run.restore(saved, next_obs, next_done)  # with --resume
     ewma_weight = run.restored("ewma_weight", lambda w: w >= 1, "is below 1")  # theta_prox's w, across iterations
-    memory = run.restored("memory", agent.core.holds, "holds an action outside the action space") if args.rnn else {}
 
     for iteration in range(first_iteration, num_iterations + 1):
-        if args.lr_schedule == "linear":
+        if args.lr_schedule == "linear":  # --lr-schedule linear
             optimizer.param_groups[0]["lr"] = linear_schedule(args.learning_rate, iteration, num_iterations)
 
         # rollout: T steps of the N envs with the behaviour policy pi_behav, the current weights (theta_behav = theta)
         bootstraps.zero_()
-        start_states = memory.get("core_state")  # --rnn: each env's state at the start (R2D2's), which replays it
         for step in range(args.num_steps):
             global_step += args.num_envs * run.world_size
             obs[step], dones[step] = next_obs, next_done
             with torch.no_grad():
-                if args.rnn:  # the core's state carries on; its inputs are stored for the replay
-                    prev_actions[step], prev_rewards[step] = memory["prev_action"], memory["prev_reward"]
-                    step_pi, step_value, core_state = agent.step(next_obs, next_done, **memory)
-                else:
-                    step_pi, step_value = agent(next_obs)
-                values[step] = raw(step_value)
+                step_pi, step_value = agent(next_obs)
+                values[step] = raw_value(step_value, value_moments)
             run.check_policy(step_pi)  # finite, or the run stops in one sentence
             action = sample_actions(step_pi, continuous, nvec)
             actions[step], behav_pis[step] = action, step_pi
-
-            env_action = torch.clamp(action, action_low, action_high) if continuous else action
-            next_obs_np, reward, terminated, truncated, info = envs.step(env_action.cpu().numpy())
+            next_obs_np, reward, terminated, truncated, info = envs.step(to_env(action))
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            if args.rnn:  # the raw reward: the scaled one is known only once the rollout ends
-                memory = {"core_state": core_state, "prev_action": action, "prev_reward": rewards[step].clone()}
             # time-limit truncation is not termination: gamma * V(final obs) is kept apart in `bootstraps`, already in
-            # scaled units, and added to the scaled reward below (--rnn: from the state before the reset)
+            # scaled units, and added to the scaled reward below
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
                 with torch.no_grad():
-                    ended = {name: value[truncated_only] for name, value in memory.items()}
-                    final_value = agent.get_value(final_obs, torch.zeros(truncated_only.size, device=device), **ended)
-                    bootstraps[step, truncated_only] = args.gamma * raw(final_value)
+                    bootstraps[step, truncated_only] = args.gamma * raw_value(agent.get_value(final_obs), value_moments)
             next_obs = torch.as_tensor(next_obs_np, dtype=obs_dtype, device=device)
             next_done = torch.as_tensor(terminated | truncated, dtype=torch.float32, device=device)
             run.after_step(global_step, info)  # finished episodes, progress
@@ -479,15 +435,14 @@ def train(args: Args) -> dict:
         # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all
         # workers); the bootstrap V is already in scaled units
         with torch.no_grad():
-            next_value = raw(agent.get_value(next_obs, next_done, **memory))
+            next_value = raw_value(agent.get_value(next_obs), value_moments)
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
-        b_obs = obs.reshape((-1,) + obs_shape)
-        b_actions, b_behav_pis = actions.reshape((-1,) + action_shape), behav_pis.reshape(-1, pi_size)
+        b_obs, b_actions = obs.reshape((-1,) + obs_shape), actions.reshape((-1,) + action_shape)
+        b_behav_pis = behav_pis.reshape(-1, agent.pi_size)
         b_behav_logps = policy_log_prob_and_entropy(b_behav_pis, b_actions, continuous, nvec)[0]  # log pi_behav(a|s)
-        b_advantages = advantages.reshape(-1)
-        b_returns, b_values = returns.reshape(-1), values.reshape(-1)
+        b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
         v_targets, v_old = b_returns, b_values  # the value loss's, in the value head's units
         if args.norm_value:  # --norm-value: the statistics move to this iteration's returns (torchrun: all workers')
             value_moments.update(harness.global_batch(b_returns))
@@ -503,33 +458,25 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step
             for mb_inds in epoch_minibatches(args):
-                # the minibatch, and its pi_prox: the EWMA network's policy (PPO-EWMA) or pi_behav (PPO)
-                mb_inds, replay = mb_inds.to(device), None
-                if args.rnn:  # whole unrolls of the minibatch's envs, replayed from their stored states, t-major
-                    mb_envs = mb_inds.view(-1, args.num_steps)[:, 0]  # minibatch_indices: each env's T steps in turn
-                    mb_inds = (torch.arange(args.num_steps, device=device)[:, None] * args.num_envs + mb_envs).flatten()
-                    replay = (obs[:, mb_envs], dones[:, mb_envs], start_states[mb_envs], prev_actions[:, mb_envs],
-                              prev_rewards[:, mb_envs])
-                mb_obs, mb_actions = b_obs[mb_inds], b_actions[mb_inds]
-                mb_advantages, mb_behav_logp = b_advantages[mb_inds], b_behav_logps[mb_inds]
-                if ewma_agent is not None:  # PPO-EWMA: pi_prox is the EWMA network's policy
-                    prox_pi = prox_pi_of(mb_obs, replay)
+                # the minibatch, and its pi_prox: the EWMA network's policy (PPO-EWMA), without gradient and on the
+                # CPU 64 frames at a time (the same numbers as one pass), or pi_behav (PPO)
+                mb_inds = mb_inds.to(device)
+                mb_obs, mb_actions, mb_behav_logp = b_obs[mb_inds], b_actions[mb_inds], b_behav_logps[mb_inds]
+                if ewma_agent is not None:
+                    prox_pi = harness.in_chunks(ewma_agent.get_pi, mb_obs, 64 if device.type == "cpu" else len(mb_obs))
                     prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous, nvec)[0]
-                else:  # PPO: pi_prox = pi_behav
+                else:
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
                 # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1),
-                # with pi and V under theta (--compile: loss_of is minibatch_loss compiled, its backward too)
-                loss, pg_loss, v_loss, entropy_loss, new_logp = loss_of(
-                    agent, args, mb_obs, mb_actions, mb_advantages, mb_behav_logp, prox_pi, prox_logp,
-                    v_old[mb_inds], v_targets[mb_inds], replay)
+                # with pi and V under theta
+                loss, pg_loss, v_loss, entropy_loss, new_logp = minibatch_loss(
+                    agent, args, mb_obs, mb_actions, b_advantages[mb_inds], mb_behav_logp, prox_pi, prox_logp,
+                    v_old[mb_inds], v_targets[mb_inds])
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
-
-                # --target-kl: the k3 estimate of KL[pi_behav || pi] before the step; once over the target, this
-                # minibatch's step and the rest of the update are skipped (torchrun: decided on the workers' mean)
-                behav_logratio = (new_logp - mb_behav_logp).detach()
+                behav_logratio = (new_logp - mb_behav_logp).detach()  # k3 of KL[pi_behav || pi] before the step
                 epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
-                if args.target_kl is not None and harness.mean_over_workers(epoch_kls[-1]) > args.target_kl:
-                    over_target_kl = True
+                over_target_kl = past_target_kl(epoch_kls[-1], args.target_kl)  # --target-kl: skip the rest
+                if over_target_kl:
                     break
 
                 # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
@@ -544,51 +491,29 @@ def train(args: Args) -> dict:
                 gradient_steps += 1
                 if ewma_agent is not None:  # PPO-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
-
-                # statistics, averaged over the iteration's minibatches
-                with torch.no_grad():
-                    logratio = new_logp - prox_logp
-                    for name, value in (
-                        ("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
-                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
-                        ("approx_kl_behav", epoch_kls[-1]),
-                        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
-                        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
-                    ):
-                        stats[name].append(value.detach())
+                add_statistics(stats, args, pg_loss, v_loss, entropy_loss, new_logp, prox_logp, behav_logratio)
             if noise_scale is not None:
-                noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
+                noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)  # this worker's
             epoch_kl = harness.mean_over_workers(torch.stack(epoch_kls).mean())
             if args.lr_schedule == "kl-adaptive":  # skrl: after every epoch, from the epoch's mean KL
-                lr = optimizer.param_groups[0]["lr"]
-                optimizer.param_groups[0]["lr"] = kl_adaptive_lr(lr, epoch_kl.item(), args.lr_kl_target)
+                optimizer.param_groups[0]["lr"] = kl_adaptive_lr(optimizer.param_groups[0]["lr"], epoch_kl.item(),
+                                                                 args.lr_kl_target)
             if over_target_kl:
                 break  # --target-kl: the remaining epochs are skipped
 
-        # logging
-        if args.target_kl is not None:
-            writer.add_scalar("charts/update_epochs_run", gradient_steps / args.num_minibatches, global_step)
+        # logging: the minibatches' means, the iteration's own scalars, the options'
+        scalars = {f"losses/{name}": torch.stack(values).mean().item() for name, values in stats.items()}
+        scalars.update({"charts/learning_rate": optimizer.param_groups[0]["lr"],
+                        "losses/approx_kl_behav_last": epoch_kl.item(),  # how far the update ended
+                        "losses/explained_variance": explained_variance(b_values, b_returns)})
+        scalars.update({"charts/ewma_decay": ewma_decay, "charts/ewma_weight": ewma_weight} if args.ewma else {})
+        scalars.update(option_scalars(args, gradient_steps, adv_moments, value_moments))
+        for tag, value in scalars.items():
+            writer.add_scalar(tag, value, global_step)
         if noise_scale is not None:
             noise_scale.log(writer, global_step, minibatch_size)
-        var_returns = b_returns.var()
-        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for name, vals in stats.items():
-            writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
-        writer.add_scalar("losses/approx_kl_behav_last", epoch_kl.item(), global_step)  # how far the update ended
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        if args.norm_adv:
-            writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
-            writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
-        if args.norm_value:
-            writer.add_scalar("charts/value_moments_mean", value_moments.mean, global_step)
-            writer.add_scalar("charts/value_moments_std", value_moments.std, global_step)
-        if ewma_agent is not None:
-            writer.add_scalar("charts/ewma_decay", ewma_decay, global_step)
-            writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
-        kept = {"ewma_weight": ewma_weight, **({"memory": memory} if args.rnn else {})}  # for --resume
-        run.end_iteration(iteration, global_step, next_obs, next_done, **kept)  # SPS, checkpoint
-    return run.finish(iteration, global_step, next_obs, next_done, **kept)  # --save-model
+        run.end_iteration(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # SPS, checkpoint
+    return run.finish(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # --save-model
 
 
 # ------------------------------------------------------------------------------------------------------ networks
@@ -656,50 +581,6 @@ class ImpalaCNN(nn.Module):
             return torch.relu(self.fc(torch.relu(torch.flatten(x, 1)))).float()
 
 
-class RecurrentCore(nn.Module):
-    """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma.py's --rnn: an
-    LSTM, a GRU or an Elman RNN) reading the encoder's features, the previous action (one-hot if discrete) and reward,
-    the state and those two zeroed where an episode starts. Its state is one tensor, [B, S, H] (an LSTM's h and c:
-    S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes by env."""
-
-    CELLS = {"lstm": nn.LSTMCell, "gru": nn.GRUCell, "rnn": nn.RNNCell}
-
-    def __init__(self, in_features, action_space, hidden, cell="lstm"):
-        super().__init__()
-        self.num_actions = None if isinstance(action_space, gym.spaces.Box) else int(action_space.n)
-        self.action_shape = action_space.shape  # () for indices
-        self.kind, self.state_size = cell, 2 if cell == "lstm" else 1
-        setattr(self, cell, self.CELLS[cell](in_features + (self.num_actions or action_space.shape[0]) + 1, hidden))
-        with torch.no_grad():  # biases 0 but an LSTM's forget gate's 1 (PyTorch's gate order i, f, g, o), as
-            getattr(self, cell).bias_hh.zero_()  # TensorFlow's and Sonnet's LSTMs: the state is kept at first
-            getattr(self, cell).bias_ih.zero_()[hidden:2 * hidden] = 1.0 if cell == "lstm" else 0.0
-
-    def initial_memory(self, batch_size, device=None):
-        """What the core carries from one step to the next (forward's last three inputs), all zero."""
-        hidden = getattr(self, self.kind).hidden_size
-        return {"core_state": torch.zeros(batch_size, self.state_size, hidden, device=device),
-                "prev_action": torch.zeros(batch_size, *self.action_shape, device=device).to(
-                    torch.float32 if self.num_actions is None else torch.long),
-                "prev_reward": torch.zeros(batch_size, device=device)}
-
-    def holds(self, memory) -> bool:
-        """Whether a memory read from a checkpoint could be one a run carried: its actions are of the action space."""
-        action = memory["prev_action"]
-        return self.num_actions is None or bool(((action >= 0) & (action < self.num_actions)).all())
-
-    def forward(self, features, done, core_state, prev_action, prev_reward):
-        """One step: features [B, F], done [B] (1 where this step's observation starts an episode), core_state
-        [B, S, H], prev_action [B] (indices) or [B, A], prev_reward [B] -> (output h [B, H], next state [B, S, H])."""
-        keep = (1.0 - done).unsqueeze(-1)
-        action = prev_action if self.num_actions is None else nn.functional.one_hot(prev_action, self.num_actions)
-        inputs = torch.cat([features, keep * action, keep * prev_reward.unsqueeze(-1)], dim=-1)
-        if self.state_size == 2:  # an LSTM: (h, c)
-            h, c = self.lstm(inputs, (keep * core_state[:, 0], keep * core_state[:, 1]))
-            return h, torch.stack([h, c], dim=1)
-        h = getattr(self, self.kind)(inputs, keep * core_state[:, 0])
-        return h, h.unsqueeze(1)
-
-
 def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
     return nn.Sequential(layer_init(nn.Linear(in_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
                          layer_init(nn.Linear(64, out_dim), std=out_std))
@@ -708,23 +589,24 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
     Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for a diagonal Gaussian's mean and the value, and
-    a state-independent log-std. --rnn: the torso (for Box actions one 64-64 tanh MLP with linear heads: one core
-    state to store and replay, as vmpo.py's --lstm) feeds a RecurrentCore as wide, which both heads read. pi, [B, P]:
-    logits (MultiDiscrete: each sub-action's side by side), or the mean and log-std side by side."""
+    a state-independent log-std. pi, [B, pi_size]: logits (MultiDiscrete: each sub-action's side by side), or the mean
+    and log-std side by side."""
 
-    def __init__(self, envs, bf16=False, rnn=None):
+    def __init__(self, envs, bf16=False):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
         multi = isinstance(action_space, gym.spaces.MultiDiscrete)
         self.nvec = action_space.nvec.tolist() if multi else None  # MultiDiscrete: each sub-action's number of values
-        num_outputs, hidden = int(np.prod(action_space.shape)) if self.continuous else \
-            sum(self.nvec) if multi else action_space.n, 64
-        if self.continuous and rnn is None:
+        num_outputs = int(np.prod(action_space.shape)) if self.continuous else sum(self.nvec) if multi else \
+            action_space.n
+        self.pi_size = 2 * num_outputs if self.continuous else num_outputs
+        if self.continuous:
             obs_dim = int(np.prod(obs_shape))
             self.actor_mean, self.critic = mlp(obs_dim, num_outputs, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
+            self.actor_log_std = nn.Parameter(torch.zeros(num_outputs))  # log sigma, one per action dim
         elif len(obs_shape) == 3:  # official heads: normed init with scale 0.1
-            self.torso, hidden = ImpalaCNN(obs_shape[-1], bf16=bf16), 256
+            self.torso = ImpalaCNN(obs_shape[-1], bf16=bf16)
             self.actor, self.critic = normed_init(nn.Linear(256, num_outputs), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
@@ -733,9 +615,6 @@ class Agent(nn.Module):
             )
             self.actor = layer_init(nn.Linear(64, num_outputs), std=0.01)
             self.critic = layer_init(nn.Linear(64, 1), std=1.0)
-        if self.continuous:
-            self.actor_log_std = nn.Parameter(torch.zeros(num_outputs))  # log sigma, one per action dim
-        self.core = RecurrentCore(hidden, action_space, hidden, rnn) if rnn else None
 
     def get_pi(self, obs):
         if self.continuous:
@@ -743,36 +622,16 @@ class Agent(nn.Module):
             return torch.cat([mean, self.actor_log_std.expand_as(mean)], dim=-1)
         return self.actor(self.torso(obs))
 
-    def get_value(self, obs, done=None, **memory):
-        """V(s): [B]; --rnn: one step from `memory`, as step() (without it, done and memory are not read)."""
-        if self.core is not None:
-            return self.step(obs, done, **memory)[1]
+    def get_value(self, obs):
+        """V(s): [B]."""
         return self.critic(obs if self.continuous else self.torso(obs)).squeeze(-1)
 
-    def heads(self, hidden):
-        """(pi, V(s)) of the torso's or the core's output."""
-        if self.continuous:
-            mean = self.actor(hidden)
-            return torch.cat([mean, self.actor_log_std.expand_as(mean)], dim=-1), self.critic(hidden).squeeze(-1)
-        return self.actor(hidden), self.critic(hidden).squeeze(-1)
-
-    def step(self, obs, done, core_state, prev_action, prev_reward):
-        """--rnn, one step of a batch of envs (RecurrentCore.forward's inputs): (pi, V(s), next state)."""
-        hidden, core_state = self.core(self.torso(obs), done, core_state, prev_action, prev_reward)
-        return (*self.heads(hidden), core_state)
-
-    def unroll(self, obs, dones, core_state, prev_actions, prev_rewards):
-        """--rnn: unrolls [T, B] from their first step's state, step by step as the rollout ran them (the same code
-        path): (pi [T*B, P], V(s) [T*B], t-major; the last state). Gradients flow through the whole unroll."""
-        outputs = []
-        for t in range(len(obs)):
-            *output, core_state = self.step(obs[t], dones[t], core_state, prev_actions[t], prev_rewards[t])
-            outputs.append(output)
-        return (*(torch.cat(output) for output in zip(*outputs)), core_state)
-
     def forward(self, obs):
-        """(pi, V(s))."""
-        return (self.get_pi(obs), self.get_value(obs)) if self.continuous else self.heads(self.torso(obs))
+        """(pi, V(s)), the shared torso run once."""
+        if self.continuous:
+            return self.get_pi(obs), self.get_value(obs)
+        hidden = self.torso(obs)
+        return self.actor(hidden), self.critic(hidden).squeeze(-1)
 
 
 # --------------------------------------------------------------------------------------------------- environment
@@ -897,12 +756,35 @@ def sample_actions(pi, continuous=False, nvec=None, mode=False):
     return pi.argmax(-1) if mode else torch.distributions.Categorical(logits=pi, validate_args=False).sample()
 
 
+def env_actions(action_space, device):
+    """action -> what the envs take, NumPy: a Box action clipped to its bounds (its log-probability is the sampled
+    action's)."""
+    if not isinstance(action_space, gym.spaces.Box):
+        return lambda action: action.cpu().numpy()
+    low, high = (torch.as_tensor(bound, device=device) for bound in (action_space.low, action_space.high))
+    return lambda action: torch.clamp(action, low, high).cpu().numpy()
+
+
 # --------------------------------------------------------------------------------------- options beyond the paper
 def clipped_value_loss(values, old_values, returns, clip_coef):
     """--clip-vloss: mean of max((V - V_targ)^2, (V_clip - V_targ)^2), V_clip = V_old + clip(V - V_old, -eps, eps),
     as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
     clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
+
+
+def raw_value(value, moments):
+    """--norm-value, skrl's value preprocessor: the value head's output, standardized returns clipped to +-5 (skrl's
+    clip_threshold), as a return, by the mean and std of every return so far (moments); off, or before any: as it is."""
+    if moments is None or not moments.weight:
+        return value
+    return value.clamp(-5.0, 5.0) * (moments.std + 1e-8) + moments.mean
+
+
+def past_target_kl(kl, target_kl) -> bool:
+    """--target-kl (as SB3): whether the k3 estimate of KL[pi_behav || pi] before a step is past the target, so that
+    the step and the rest of the update are skipped (torchrun: the workers' mean, so that all skip alike). Off: never."""
+    return target_kl is not None and bool(harness.mean_over_workers(kl) > target_kl)
 
 
 def linear_schedule(initial, iteration, num_iterations):
@@ -976,6 +858,37 @@ class GradientNoiseScale:
         writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
 
 
+# ---------------------------------------------------------------------------------------- what train() logs
+@torch.no_grad()
+def add_statistics(stats, args, pg_loss, v_loss, entropy_loss, new_logp, prox_logp, behav_logratio) -> None:
+    """A minibatch's scalars into stats ({name: [value of each minibatch]}), averaged over the iteration when logged."""
+    logratio = new_logp - prox_logp
+    for name, value in (
+        ("policy_loss", pg_loss), ("value_loss", v_loss), ("entropy", entropy_loss),
+        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
+        ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
+        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
+        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
+    ):
+        stats[name].append(value.detach())
+
+
+def explained_variance(values, returns) -> float:
+    """1 - Var[returns - values] / Var[returns], nan where the returns do not vary."""
+    var_returns = returns.var()
+    return (1 - (returns - values).var() / var_returns).item() if var_returns > 0 else float("nan")
+
+
+def option_scalars(args, gradient_steps, adv_moments, value_moments) -> dict:
+    """The scalars of the options on: --target-kl's epochs run, the advantage and value statistics."""
+    scalars = {"charts/update_epochs_run": gradient_steps / args.num_minibatches} if args.target_kl is not None else {}
+    if args.norm_adv:
+        scalars.update({"charts/adv_mean": adv_moments.mean, "charts/adv_std": adv_moments.std})
+    if args.norm_value:
+        scalars.update({"charts/value_moments_mean": value_moments.mean, "charts/value_moments_std": value_moments.std})
+    return scalars
+
+
 # ---------------------------------------------------------- what the run harness needs to know of this script
 FLAG_RANGES = {  # the interval each numeric flag of this script must lie in (harness.py: the common ones)
     "num_levels": "[0, inf)", "start_level": "[0, inf)", "adam_beta1": "[0, 1)", "adam_beta2": "[0, 1)",
@@ -989,12 +902,6 @@ def check_args(args: Args, observation_space, action_space) -> None:
     """This script's own checks of the run's Args (the batch-divisor adjustments applied)."""
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
-    if args.rnn and (args.shuffle_samples or args.num_envs % args.num_minibatches
-                     or isinstance(action_space, gym.spaces.MultiDiscrete)):
-        raise SystemExit(f"--rnn replays whole env unrolls: --num-minibatches {args.num_minibatches} must divide "
-                         f"--num-envs {args.num_envs}, without --shuffle-samples, for Discrete or Box actions.")
-    if args.compile and args.rnn:
-        raise SystemExit("--compile does not take --rnn: its unroll's loop of --num-steps steps would be one graph.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
     # scaled reward
@@ -1024,48 +931,23 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")
 
 
-def compiled(function):
-    """--compile: torch.compile(function) for minibatch_loss(agent, ...). Its first call also runs the backward, which
-    inductor compiles lazily; if either cannot compile, one sentence says why and the run goes on with `function`."""
-    compiled_function, chosen = torch.compile(function), []
-
-    def call(agent, *args, **kwargs):
-        if chosen:
-            return chosen[0](agent, *args, **kwargs)
-        try:
-            outputs = compiled_function(agent, *args, **kwargs)
-            torch.autograd.grad(outputs[0], list(agent.parameters()), retain_graph=True, allow_unused=True)
-            chosen.append(compiled_function)
-            return outputs
-        except Exception as error:
-            reason = str(error).strip().splitlines()[0][:200] if str(error).strip() else ""
-            print(f"note: --compile: torch.compile cannot compile {function.__name__} here ({type(error).__name__}: "
-                  f"{reason}); it runs eager.")
-            chosen.append(function)
-            return function(agent, *args, **kwargs)
-    return call
-
-
 def acting_policy(args: Args, envs, load, device):
-    """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> env actions, sampled or
-    (--eval-deterministic) the mode; clipped to the bounds for continuous actions, as in training."""
-    agent = Agent(envs, rnn=args.rnn).to(device)
+    """The checkpoint's policy (the network that collected the data, not the EWMA) as obs -> actions, sampled or
+    (--eval-deterministic) the mode."""
+    agent = Agent(envs).to(device)
     load(agent, "agent")  # the checkpoint's weights, checked
-    memory = agent.core.initial_memory(envs.num_envs, device) if args.rnn else {}
 
-    def sample(obs, prev_reward=None, done=None):  # --rnn: the previous step's reward and done, and its action below
-        pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward)) if args.rnn \
-            else (agent.get_pi(obs), None, None)
+    def sample(obs, reward, done):  # (the last step's reward and done: a recurrent policy's, ppo_ewma_rnn.py)
+        pi = agent.get_pi(obs)
         harness.check_policy(pi)
-        memory["prev_action"] = sample_actions(pi, agent.continuous, agent.nvec, mode=args.eval_deterministic)
-        return memory["prev_action"]
-    return harness.actor(sample, envs, device, memory=bool(args.rnn))
+        return sample_actions(pi, agent.continuous, agent.nvec, mode=args.eval_deterministic)
+    return sample
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,
                         flag_ranges=FLAG_RANGES, check_args=check_args, defaults=with_defaults,
                         worker_share=harness.worker_share, procgen=True, actions="all",
-                        checkpoint_keys=("ewma_weight", "memory"))
+                        checkpoint_keys=("ewma_weight",))
 
 
 if __name__ == "__main__":

@@ -570,16 +570,16 @@ def run_name(args: Args) -> str:
 
 
 def acting_policy(args: Args, envs, load, device):
-    """The checkpoint's policy, the latest weights, as obs -> env actions, sampled or (--eval-deterministic) the most
+    """The checkpoint's policy, the latest weights, as obs -> actions, sampled or (--eval-deterministic) the most
     likely."""
     agent = Agent(envs).to(device)
     load(agent, "agent")  # the checkpoint's weights, checked
 
-    def act(obs):
+    def act(obs, reward, done):  # (the last step's reward and done: unused)
         logits = agent.get_pi(obs)
         harness.check_policy(logits)
         return logits.argmax(-1) if args.eval_deterministic else torch.distributions.Categorical(logits=logits).sample()
-    return harness.actor(act, envs, device)
+    return act
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

@@ -518,7 +518,7 @@ class ImpalaCNN(nn.Module):
 
 
 class RecurrentCore(nn.Module):
-    """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma.py's --rnn: an
+    """The agent's memory (V-MPO's Fig. 1b): a recurrent cell (vmpo.py's --lstm: an LSTM; ppo_ewma_rnn.py's --rnn: an
     LSTM, a GRU or an Elman RNN) reading the encoder's features, the previous action (one-hot if discrete) and reward,
     the state and those two zeroed where an episode starts. Its state is one tensor, [B, S, H] (an LSTM's h and c:
     S = 2; a GRU's or an RNN's h: S = 1), which a rollout stores and indexes by env."""
@@ -737,7 +737,7 @@ def acting_policy(args: Args, envs, load, device):
     load(agent, "target_agent")  # the checkpoint's weights, checked
     memory = agent.core.initial_memory(envs.num_envs, device) if args.lstm else {}
 
-    def act(obs, prev_reward=None, done=None):  # --lstm: the previous step's reward and done, and its action below
+    def act(obs, prev_reward, done):  # --lstm: the previous step's reward and done, and its action below
         pi, _, memory["core_state"] = agent.step(obs, done, **dict(memory, prev_reward=prev_reward)) if args.lstm \
             else (agent.get_pi(obs), None, None)
         harness.check_policy(pi)
@@ -747,7 +747,7 @@ def acting_policy(args: Args, envs, load, device):
             memory["prev_action"] = torch.distributions.Normal(*pi.chunk(2, dim=-1)).sample() if agent.continuous \
                 else torch.distributions.Categorical(logits=pi).sample()
         return memory["prev_action"]
-    return harness.actor(act, envs, device, memory=args.lstm)
+    return act
 
 
 SCRIPT = harness.Script(file=__file__, doc=__doc__, args_type=Args, make_env=make_env, acting_policy=acting_policy,

@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 torch.set_num_threads(1)
 
 # every script whose pieces --impl replaces, in one place: tests/test_exercises.py and test_exercise_checks.py take it
-SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
+SCRIPTS = ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
 
 
 def pytest_addoption(parser):

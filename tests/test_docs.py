@@ -118,7 +118,7 @@ def test_the_readme_shows_the_ci_test_command():
 
 
 # ------------------------------------------------------------------------------- recipes, stated once
-SCRIPTS = ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"]
+SCRIPTS = ["ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"]
 
 
 def cpu_recipes(text, script):

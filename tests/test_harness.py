@@ -52,11 +52,12 @@ RUNS = {  # name: (script, Args fields); each a few iterations, every code path 
     # and vmpo's recurrent core before it is generalized to three cells
     "ppo_ewma_pendulum": ("ppo_ewma", dict(PENDULUM, update_epochs=2, total_timesteps=512)),
     "vmpo_lstm": ("vmpo", dict(CARTPOLE, lstm=True, total_timesteps=512)),
-    # recorded with ppo_ewma.py --rnn, before the recurrent policy moved into a script of its own: the recurrent core
-    # with the value preprocessor, discrete actions; and a GRU with Box actions and PPO's proximal policy
-    "ppo_ewma_rnn": ("ppo_ewma", dict(CARTPOLE, rnn="lstm", norm_value=True, update_epochs=2, total_timesteps=512)),
-    "ppo_ewma_rnn_pendulum": ("ppo_ewma", dict(PENDULUM, rnn="gru", num_minibatches=2, ewma=False, update_epochs=2,
-                                                total_timesteps=512)),
+    # recorded with ppo_ewma.py --rnn, before the recurrent policy moved into ppo_ewma_rnn.py (which logs them bit for
+    # bit): an LSTM with the value preprocessor, discrete actions; a GRU with Box actions and PPO's proximal policy
+    "ppo_ewma_rnn": ("ppo_ewma_rnn", dict(CARTPOLE, rnn="lstm", norm_value=True, update_epochs=2,
+                                          total_timesteps=512)),
+    "ppo_ewma_rnn_pendulum": ("ppo_ewma_rnn", dict(PENDULUM, rnn="gru", num_minibatches=2, ewma=False,
+                                                    update_epochs=2, total_timesteps=512)),
 }
 CAPABILITIES = ("default", "avx2", "avx512")  # x86-64's ATEN_CPU_CAPABILITY levels, lowest first
 # A logged value may differ from the recorded one by TOLERANCE x its tag's spread + its tag's float32 floor.

@@ -17,9 +17,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
-from saved_files import read_back
-import harness
 import ppo_ewma
+from saved_files import read_back
 from ppo_ewma import (
     Args, EwmaMoments, apply_batch_divisor, com_to_decay, compute_gae, decay_to_com, decoupled_clip_loss,
     decoupled_kl_loss, span_to_decay, update_ewma,
@@ -252,8 +251,6 @@ def test_every_numeric_flag_has_a_range():
     ({"learning_rate": -1.0}, "--learning-rate"),
     ({"clip_coef": -0.1}, "--clip-coef"),
     ({"clip_coef": 1.0}, "--clip-coef"),  # log(1 - eps) of the clip would be log 0
-    ({"rnn": "lstm", "shuffle_samples": True}, "--rnn replays whole env unrolls"),  # single samples have no state
-    ({"rnn": "gru", "num_minibatches": 512}, "--rnn replays whole env unrolls: --num-minibatches 512 must divide"),
     ({"ent_coef": -5.0}, "--ent-coef"),
     ({"vf_coef": -1.0}, "--vf-coef"),
     ({"kl_coef": -1.0}, "--kl-coef"),
@@ -680,7 +677,7 @@ class Killed(Exception):
     # Box actions: observation statistics in the env stack, the step size adapted inside the optimizer's state
     {"env_id": "Pendulum-v1", "num_envs": 1, "num_steps": 64, "num_minibatches": 4, "clip_vloss": True,
      "lr_schedule": "kl-adaptive"},  # one 200-step episode ends in the 4 iterations
-    {"rnn": "lstm", "norm_value": True},  # the core's memory and the value normalizer's statistics
+    {"norm_value": True},  # the value normalizer's statistics
 ])
 def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch, config):
     """4 iterations on CartPole. The killed run writes checkpoints every iteration and dies while writing
@@ -943,13 +940,14 @@ def test_box_actions_reach_the_env_clipped_while_log_probs_use_the_sampled_actio
     torch.manual_seed(0)
     action = ppo_ewma.sample_actions(pi, continuous=True)
     assert action.item() > 2.0  # sampled beyond the bound
-    act = ppo_ewma.acting_policy  # the evaluation policy clips as the training loop does
     envs = ppo_ewma.make_env(ppo_ewma.apply_batch_divisor(Args(env_id="Pendulum-v1", num_envs=1)))
+    assert ppo_ewma.env_actions(envs.single_action_space, "cpu")(action).tolist() == [[2.0]]  # the training loop's
     agent = ppo_ewma.Agent(envs)
     with torch.no_grad():
         agent.actor_mean[-1].bias.fill_(5.0)
     load = lambda module, name: module.load_state_dict(agent.state_dict())  # noqa: E731
-    actions = act(Args(), envs, load, torch.device("cpu"))(envs.reset(seed=0)[0])
+    sample = ppo_ewma.acting_policy(Args(), envs, load, torch.device("cpu"))  # evaluation clips as training does
+    actions = harness.actor(sample, envs, torch.device("cpu"))(envs.reset(seed=0)[0], [0.0], [True])
     assert actions.shape == (1, 1) and actions.max() <= 2.0
     envs.close()
 
@@ -1019,50 +1017,7 @@ def test_noise_scale_changes_nothing_that_is_learned(tmp_path, monkeypatch):
     assert all(on[tag] == off[tag] for tag in learned)
 
 
-# ------------------------------------------------------------------------------------------- --rnn, --norm-value
-@pytest.mark.parametrize("cell", ["gru", "rnn"])
-def test_a_one_unit_gru_and_rnn_core_by_hand_at_a_reset(cell):
-    # One unit, every bias 0; from the features x = 0.5 weights (GRU rows r, z, n) 0.5, 1 and 2, (RNN) 2; the one-hot
-    # action and the reward weigh 1 but are zeroed where an episode starts, as is the state h = 0.7:
-    #   GRU: z = sigmoid(1 * 0.5) = 0.6224593, n = tanh(2 * 0.5 + r * 0) = 0.7615942, h' = (1 - z) n + z * 0 = 0.2875323
-    #   RNN: h' = tanh(2 * 0.5) = 0.7615942
-    # Within an episode (done 0) the GRU's action, reward and state enter: a different h'
-    core = ppo_ewma.RecurrentCore(1, ppo_ewma.gym.spaces.Discrete(2), 1, cell)
-    with torch.no_grad():
-        for param in core.parameters():
-            param.zero_()
-        weights = core.gru.weight_ih if cell == "gru" else core.rnn.weight_ih
-        weights[:, 0] = torch.tensor([0.5, 1.0, 2.0] if cell == "gru" else [2.0])
-        weights[:, 2:] = 1.0  # action 1's one-hot and the reward
-    h, state = core(torch.tensor([[0.5], [0.5]]), torch.tensor([1.0, 0.0]), torch.full((2, 1, 1), 0.7),
-                    torch.tensor([1, 1]), torch.tensor([1.0, 1.0]))
-    assert h[0].item() == pytest.approx(0.2875323 if cell == "gru" else 0.7615942, abs=1e-6)
-    assert h[1].item() != pytest.approx(h[0].item(), abs=1e-3) and state.shape == (2, 1, 1) and torch.equal(state[:, 0], h)
-
-
-@pytest.mark.parametrize("cell", ["lstm", "gru", "rnn"])
-def test_the_replay_of_a_rollout_gives_its_pi_and_values_bit_for_bit(cell):
-    # 3 envs stepped 5 times as the rollout steps them (env 1 starts an episode at step 2), then unrolled from the state
-    # stored at the start: the same numbers, bit for bit, on the rollout's shapes
-    torch.manual_seed(0)
-    envs = ppo_ewma.make_env(ppo_ewma.with_defaults(Args(env_id="CartPole-v1", num_envs=3)))
-    agent, obs, dones = ppo_ewma.Agent(envs, rnn=cell), torch.randn(5, 3, 4), torch.zeros(5, 3)
-    dones[2, 1] = 1.0
-    memory = {**agent.core.initial_memory(3), "core_state": torch.randn(3, 2 if cell == "lstm" else 1, 64)}
-    start, stepped, prev_actions, prev_rewards = memory["core_state"], [], torch.zeros(5, 3, dtype=torch.long), \
-        torch.zeros(5, 3)
-    with torch.no_grad():
-        for t in range(5):
-            prev_actions[t], prev_rewards[t] = memory["prev_action"], memory["prev_reward"]
-            pi, value, state = agent.step(obs[t], dones[t], **memory)
-            stepped.append((pi, value))
-            memory = {"core_state": state, "prev_action": pi.argmax(-1), "prev_reward": torch.randn(3)}
-        pi, value, last = agent.unroll(obs, dones, start, prev_actions, prev_rewards)
-    assert torch.equal(pi, torch.cat([p for p, _ in stepped])) and torch.equal(value, torch.cat([v for _, v in stepped]))
-    assert torch.equal(last, memory["core_state"])
-    envs.close()
-
-
+# --------------------------------------------------------------------------------------------------- --norm-value
 def test_norm_value_standardizes_by_every_return_so_far():
     # --norm-value's statistics are EWMA moments of decay 1: plain running moments. Returns [1, 3], then [5, 7]:
     #   first: mean 2, var 1; then mean 16/4 = 4, E[x^2] = 84/4 = 21, var 21 - 16 = 5
@@ -1073,23 +1028,21 @@ def test_norm_value_standardizes_by_every_return_so_far():
     assert (moments.mean, moments.std) == (pytest.approx(4.0), pytest.approx(math.sqrt(5.0)))
     # a target of 6: (6 - 4) / (sqrt 5 + 1e-8) = 0.8944272
     assert moments.normalize(torch.tensor(6.0)).item() == pytest.approx(0.8944272, rel=1e-6)
+    # raw_value, the other way: a head's output of 0.5 is the return 4 + 0.5 sqrt 5 = 5.118034; beyond 5 it is
+    # clipped to 5 first: 4 + 5 sqrt 5 = 15.18034; without statistics the output is as it is
+    outputs = torch.tensor([0.5, 7.0])
+    assert ppo_ewma.raw_value(outputs, moments).tolist() == pytest.approx([5.118034, 15.18034], rel=1e-6)
+    assert ppo_ewma.raw_value(outputs, None) is outputs and ppo_ewma.raw_value(outputs, EwmaMoments(1.0)) is outputs
 
 
-def rnn_run(tmp_path, monkeypatch, **flags):
+def test_norm_value_trains_on_standardized_returns_clipped_at_5(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    return ppo_ewma.train(Args(**dict(TINY_CARTPOLE, total_timesteps=3 * 64, **flags)))
-
-
-def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_on_standardized_returns(
-        tmp_path, monkeypatch):
-    seen, real_loss, real_value_loss = [], ppo_ewma.decoupled_clip_loss, ppo_ewma.value_loss
-    monkeypatch.setattr(ppo_ewma, "decoupled_clip_loss", lambda new, prox, behav, *rest: seen.append(
-        torch.equal(prox, behav)) or real_loss(new, prox, behav, *rest))
-    targets = []
+    targets, real_value_loss = [], ppo_ewma.value_loss
     monkeypatch.setattr(ppo_ewma, "value_loss", lambda values, returns: targets.append(returns) or real_value_loss(
         values, returns))
-    result = rnn_run(tmp_path, monkeypatch, rnn="gru", ewma=False, norm_value=True, exp_name="no_ewma")
-    assert seen and all(seen)  # pi_prox is pi_behav: PPO's loss
+    run = lambda name: ppo_ewma.train(Args(**dict(TINY_CARTPOLE, total_timesteps=3 * 64, ewma=False, norm_value=True,  # noqa: E731
+                                                  exp_name=name)))
+    result = run("standardized")
     assert abs(torch.cat(targets).mean().item()) < 1.0  # the returns, standardized (raw CartPole returns are ~10)
     real_update, targets[:] = ppo_ewma.EwmaMoments.update, []
 
@@ -1098,52 +1051,10 @@ def test_rnn_without_ewma_is_ppo_with_a_recurrent_policy_and_norm_value_trains_o
         if self.decay == 1.0:
             self.sum_sq = self.weight * (self.mean**2 + 1e-4)
     monkeypatch.setattr(ppo_ewma.EwmaMoments, "update", narrow)
-    rnn_run(tmp_path, monkeypatch, ewma=False, norm_value=True, exp_name="narrow")
+    run("narrow")
     assert torch.cat(targets).abs().max().item() == 5.0  # skrl's clip_threshold
     value = read_back(f"{result['run_dir']}/checkpoint.safetensors")["normalizers"]["value"]
     assert value["sum"] / value["weight"] > 1.0 and value["decay"] == 1.0  # the returns' moments, kept
-
-
-def test_a_recurrent_model_plays_with_its_memory_reset_at_each_episode(tmp_path, monkeypatch):
-    trained = rnn_run(tmp_path, monkeypatch, rnn="lstm", exp_name="played")
-    steps, real_step = [], ppo_ewma.Agent.step
-
-    def spy(self, obs, done, core_state, prev_action, prev_reward):
-        steps.append((done.item(), core_state.abs().sum().item(), prev_action.item(), prev_reward.item()))
-        return real_step(self, obs, done, core_state, prev_action, prev_reward)
-    monkeypatch.setattr(ppo_ewma.Agent, "step", spy)
-    played = ppo_ewma.train(Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=2, cuda=False))
-    assert len(steps) == sum(played["returns"])  # one env, CartPole's reward 1 a step: a core step per env step
-    starts = [i for i, (done, *_) in enumerate(steps) if done == 1.0]
-    assert starts == [0, played["returns"][0]]  # done 1 at each episode's first step, which the core zeroes
-    inside = [step for i, step in enumerate(steps) if i not in starts]
-    assert all(state > 0 and reward == 1.0 for _, state, _, reward in inside)  # the state and the reward carried
-    assert {action for _, _, action, _ in inside} == {0, 1}  # and the action the step before took
-
-
-def test_truncation_bootstraps_from_the_core_state_before_the_reset(tmp_path, monkeypatch):
-    # Pendulum truncates at step 200: the bootstrap's one step starts from the state the step before left, fed that
-    # step's action and reward, with done 0 (the next step starts from zero state, done 1)
-    calls, real_step = [], ppo_ewma.Agent.step
-
-    def spy(self, obs, done, core_state, prev_action, prev_reward):
-        out = real_step(self, obs, done, core_state, prev_action, prev_reward)
-        calls.append((len(obs), done.clone(), core_state.clone(), prev_action.clone(), out[2].clone(),
-                      torch.is_grad_enabled()))
-        return out
-    monkeypatch.setattr(ppo_ewma.Agent, "step", spy)
-    monkeypatch.chdir(tmp_path)
-    ppo_ewma.train(Args(env_id="Pendulum-v1", num_envs=1, num_steps=64, num_minibatches=1, update_epochs=1,
-                        total_timesteps=256, rnn="lstm", ewma=False, cuda=False, exp_name="truncated"))
-    # the acting network's no-grad steps: each rollout step, the bootstrap, and the value of the rollout's last obs.
-    # A bootstrap or last value steps from the state the step before left and leaves the memory as it was: the next
-    # step starts from that state too. At the truncation (step 200 = iteration 4's step 8) that next step starts an
-    # episode (done 1); at a rollout's end (steps 64, 128, 192) it does not
-    rollout = [call for call in calls if not call[5]]
-    (index,) = [i for i, call in enumerate(rollout[:-1]) if i > 0 and call[1].item() == 0
-                and torch.equal(call[2], rollout[i - 1][4]) and torch.equal(rollout[i + 1][2], call[2])
-                and rollout[i + 1][1].item() == 1]
-    assert torch.equal(rollout[index][3], rollout[index + 1][3])  # this step's action: the one the step before took
 
 
 def per_env_normalized_envs(env_id, num_envs):
@@ -1195,81 +1106,3 @@ def test_a_checkpoint_of_an_earlier_version_is_refused_naming_the_commit_that_re
                                              r"\(torch\.save's zip\), which this version does not read: run it with "
                                              r"that version \(git checkout 18fb459\)\.$"):
             ppo_ewma.train(args)
-
-
-def test_the_compiled_minibatch_loss_gives_eager_numbers_on_a_fixed_batch(tmp_path, monkeypatch):
-    # --compile's evidence of sameness: the recipe's minibatch (Box actions, --clip-vloss, 64 samples), its loss, the
-    # three terms, log pi(a|s) and every gradient. Compiled kernels fuse and reorder the float32 sums (measured: at
-    # most 6e-7 of a tensor's largest value), so each may differ by 1e-5 x its largest value (a loss: x max(1, it):
-    # its inputs are about 1); a deliberate change of the advantages by 1e-4 moves the policy's gradients 1e-4 and
-    # fails it. Inductor's cache is this test's own, so that it compiles (~20 s here).
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))
-    envs = type("Spaces", (), {"single_observation_space": gym.spaces.Box(-10, 10, (11,), "float32"),
-                               "single_action_space": gym.spaces.Box(-1, 1, (3,), "float32")})()
-    torch.manual_seed(0)
-    agent, args = ppo_ewma.Agent(envs), ppo_ewma.with_defaults(Args(env_id="Pendulum-v1", clip_vloss=True))
-    g = torch.Generator().manual_seed(1)
-    obs, actions, advantages, v_old, v_targets = (torch.randn(shape, generator=g) for shape in (
-        (64, 11), (64, 3), (64,), (64,), (64,)))
-    behav_pi = torch.cat([0.1 * torch.randn(64, 3, generator=g), torch.full((64, 3), -0.1)], -1)
-    behav_logp = ppo_ewma.policy_log_prob_and_entropy(behav_pi, actions, True)[0]
-
-    def outputs(loss_of, advantages=advantages):
-        agent.zero_grad()
-        values = loss_of(agent, args, obs, actions, advantages, behav_logp, behav_pi, behav_logp, v_old, v_targets)
-        values[0].backward()
-        return [value.detach() for value in values], [param.grad.clone() for param in agent.parameters()]
-
-    def same(outputs, reference):
-        return all((value - expected).abs().max() <= 1e-5 * max(expected.abs().max(), floor)
-                   for values, expected_values, floor in zip(outputs, reference, (1.0, 0.0))
-                   for value, expected in zip(values, expected_values))
-    eager = outputs(ppo_ewma.minibatch_loss)
-    assert same(outputs(torch.compile(ppo_ewma.minibatch_loss)), eager)
-    assert not same(outputs(ppo_ewma.minibatch_loss, advantages * (1 + 1e-4)), eager)
-
-
-class FailsBackward(torch.autograd.Function):
-    """x, whose backward raises: as a compiled backward that inductor cannot build (it builds it lazily)."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError("no C++ compiler\nmore detail")
-
-
-def fails_forward(function):
-    def call(*args, **kwargs):
-        raise RuntimeError("no C++ compiler\nmore detail")
-    return call
-
-
-def fails_backward(function):
-    def call(*args, **kwargs):
-        loss, *rest = function(*args, **kwargs)
-        return (FailsBackward.apply(loss), *rest)
-    return call
-
-
-@pytest.mark.parametrize("cannot_compile", [fails_forward, fails_backward])
-def test_compile_that_fails_says_so_once_and_the_run_goes_on_eager(tmp_path, monkeypatch, capsys, cannot_compile):
-    monkeypatch.chdir(tmp_path)
-    config = dict(env_id="Pendulum-v1", num_envs=2, num_steps=32, num_minibatches=2, total_timesteps=128,
-                  cuda=False, save_model=False)
-    eager = scalars_with_steps(ppo_ewma.train(Args(exp_name="eager", **config))["run_dir"])
-    monkeypatch.setattr(torch, "compile", cannot_compile)
-    capsys.readouterr()
-    compiled = scalars_with_steps(ppo_ewma.train(Args(exp_name="compiled", compile=True, **config))["run_dir"])
-    notes = [line for line in capsys.readouterr().out.splitlines() if "--compile" in line]
-    assert notes == ["note: --compile: torch.compile cannot compile minibatch_loss here (RuntimeError: no C++ "
-                     "compiler); it runs eager."]
-    assert {tag: values for tag, values in compiled.items() if tag != "charts/SPS"} == {
-        tag: values for tag, values in eager.items() if tag != "charts/SPS"}
-
-
-def test_compile_refuses_rnn():
-    with pytest.raises(SystemExit, match=r"^--compile does not take --rnn: its unroll's loop of --num-steps steps"):
-        ppo_ewma.train(Args(env_id="CartPole-v1", rnn="lstm", compile=True, num_envs=4, num_minibatches=2, cuda=False))

@@ -31,7 +31,7 @@ import ppg_ewma
 import ppo_ewma
 from saved_files import read_back, write_back
 
-SCRIPTS = ("ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
+SCRIPTS = ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
 # CartPole, 8 envs in total (2 workers x 4), one trained iteration of 8 x 32 steps; 4 minibatches per worker
 TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4, gamma=0.99, total_timesteps=256,
             cuda=False)
