@@ -11,6 +11,7 @@ nothing else meanwhile.
     DNNL_MAX_CPU_ISA=AVX512_CORE python benchmark/bf16.py  # as an AVX-512 CPU without bfloat16 instructions
     DNNL_MAX_CPU_ISA=AVX2 python benchmark/bf16.py    # as an AVX2 CPU
     python benchmark/bf16.py --device cuda            # the GPU
+    python benchmark/bf16.py --only MLP --repeats 101  # one pass alone (the MLP's takes a fraction of a millisecond)
 """
 import argparse
 import copy
@@ -92,6 +93,7 @@ def main():
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--frames", type=int, help="the CNN update's frames (default: 512 on the CPU, 2048 on a GPU)")
+    parser.add_argument("--only", default="", help="time only the passes whose name holds this text (e.g. MLP)")
     cli = parser.parse_args()
     device = torch.device(cli.device)
     harness.tune_cpu(device, cli.threads, ProcgenLike.single_observation_space.shape)  # as a run: malloc kept
@@ -103,6 +105,8 @@ def main():
           f"{os.environ.get('DNNL_MAX_CPU_ISA', 'unset')}; {cli.threads} threads, median of {cli.repeats}; "
           f"load average (1, 5, 15 min) {os.getloadavg()}")
     for name, work in works.items():
+        if cli.only not in name:
+            continue
         float32 = bf16 = None
         for _ in range(2):  # alternately, twice: each takes the better of its two medians
             t32, t16 = seconds(lambda: work(False), cli.repeats), seconds(lambda: work(True), cli.repeats)
