@@ -1,12 +1,10 @@
-"""Run plumbing for the scripts of this repository: what every run needs and no paper describes (checks, device,
-run directory, progress, evaluation, video, experiment tracking, torchrun), and what several scripts build with (the
-Procgen adapter, flattened observations, chunked passes), and the writing of checkpoints; checkpoints.py reads them. A
-script describes itself
-in a `Script` and calls, from train():
+"""What every run needs and no paper describes: the checks of its flags, device, run directory, progress,
+TensorBoard, the writing of its checkpoint and model, and what several scripts build with (the Procgen adapter,
+flattened observations, chunked passes). A script describes itself in a `Script` and calls, from train():
 
     flags, checkpoint = harness.run_flags(args, SCRIPT)          # the flags, checked; with --resume the checkpoint's
     run = harness.start(SCRIPT, args, checkpoint, num_iterations)  # checks, torchrun workers, seeds, device
-    envs = run.open(make_env(run.args, run.render_mode))          # the script's envs; run dir, TensorBoard, start-up
+    envs = run.open(make_env(run.args, run.render_mode))          # the script's envs; run dir, start-up block
     global_step, first_iteration, next_obs, next_done = run.restore(harness.Saved(...), next_obs, next_done)
     run.after_step(global_step, info)                 # every env step: finished episodes, progress
     run.end_rollout()                                 # the rollout's episodes to TensorBoard
@@ -14,8 +12,10 @@ in a `Script` and calls, from train():
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
-This module never imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient
-steps are the scripts' own.
+What only some runs use is a module of its own, imported only where a flag asks (service()), which imports none of
+this one: reading a checkpoint (checkpoints.py: --resume, --eval-checkpoint), evaluation and video (evaluation.py),
+torchrun's workers (workers.py) and W&B (tracking.py). This module never imports a script and holds no algorithm: the
+hyperparameters, the env stack and the gradient steps are the scripts' own.
 """
 import ctypes
 import dataclasses
@@ -23,7 +23,7 @@ import difflib
 import enum
 import errno
 import fcntl
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -47,7 +47,6 @@ import gymnasium as gym
 import numpy as np
 import safetensors.torch
 import torch
-import torch.distributed as dist
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
@@ -61,17 +60,17 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
 OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every", "capture_video")  # --resume: the command line's
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data goes: the command line's, never a file's
+EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
+              *TRACKING_FLAGS)
 NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
 ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
 LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
 HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), which a Run puts back as it ends
-VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
+WORKERS = None  # workers.py under torchrun; None in one process, where each collective below does nothing
 BF16_ON_CPU = {  # said at the start of a CPU run with --bf16: what docs/speed.md#--bf16-on-the-cpu measured there
     "amx_bf16": "AMX: a 2-core Intel Xeon with AMX ran the main job's iteration 1.60x as fast as float32",
     "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x on an AMD EPYC, 0.84x on an Intel Xeon",
     None: "neither amx_bf16 nor avx512_bf16 listed: bfloat16 emulated made the CNN 12-13x slower than float32"}
-EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
-              *TRACKING_FLAGS)
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
                     "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
@@ -95,7 +94,7 @@ class RunArgs:
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
     save_model: bool = True
-    """write the final checkpoint, model.safetensors, into the run directory at the end"""
+    """write model.safetensors, the policy and what plays it, into the run directory at the end"""
     checkpoint_every: Optional[int] = None
     """write checkpoint.safetensors into the run directory, atomically, every this many iterations and at the last one;
     default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
@@ -104,7 +103,8 @@ class RunArgs:
     --checkpoint-every, --capture-video and --track's are taken from this command line); a finished run's checkpoint
     continues nothing"""
     eval_checkpoint: Optional[str] = None
-    """do not train: play the policy of this checkpoint, normalization frozen, and log its mean and std raw return"""
+    """do not train: play the policy of this model file or checkpoint, normalization frozen, and log its mean and std
+    raw return"""
     eval_episodes: int = 10
     """episodes played by --eval-checkpoint, and at each --eval-every mark (one on each of as many envs)"""
     eval_every: int = 0
@@ -260,18 +260,22 @@ def obs_dtype(envs) -> torch.dtype:
     return torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
 
 
-def actor(sample: Callable, envs, device) -> Callable:
+def actor(sample: Callable, envs, device, source: str = "") -> Callable:
     """act(obs, the last step's reward and done) (NumPy) -> env actions, for evaluation: the script's acting policy,
     sample(obs, reward, done) (float32 tensors; see Script.acting_policy), without gradient, Box actions clipped to
-    their bounds as in training."""
+    their bounds as in training. A policy whose outputs are not finite stops with source's sentence (a file's)."""
     space, dtype = envs.single_action_space, obs_dtype(envs)
 
     @torch.no_grad()
     def act(obs, reward, done):
         obs = torch.as_tensor(obs, dtype=dtype, device=device)
-        action = sample(obs, *(torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)))
-        return np.clip(action.cpu().numpy(), space.low, space.high) if isinstance(space, gym.spaces.Box) else \
-            action.cpu().numpy()
+        try:
+            action = sample(obs, *(torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)))
+        except NotFinite as error:
+            raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:-1]} (its weights and statistics made "
+                             f"them so: it is not a trained run's).") if source else error from None
+        action = action.cpu().numpy()
+        return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
     return act
 
 
@@ -280,6 +284,528 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
     """forward(obs) without gradient, chunk_size rows at a time: the same numbers as one pass. On the CPU this
     bounds a pass's memory to chunk_size frames' activations (64 frames: 16 MiB per layer) and is no slower."""
     return torch.cat([forward(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
+
+
+# ------------------------------------------------------------------------------------- a run's life
+def run_flags(args, script: Script) -> tuple:
+    """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
+    with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None). From here on, a signal
+    stops the run at once (catch_signals) until its Run takes over."""
+    catch_signals()
+    try:
+        return checked_flags(args, script)
+    except BaseException:
+        give_back_signals()
+        raise
+
+
+def checked_flags(args, script: Script) -> tuple:
+    args, checkpoint = resume_from(args, script)
+    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
+                 f"--resume {args.resume}: the checkpoint's flag ")
+    name, directory = args.exp_name, script.run_name(args)
+    if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
+        raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
+                         f"{len(directory)} characters; at most 240 fit: shorten them.")
+    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
+        raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most {NAME_LENGTH} "
+                         f"characters: it names the run's directory in runs/.")
+    return args, checkpoint
+
+
+def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
+    """Everything from the flags up to the envs, which the script makes next (run.open): the torchrun workers, the
+    checks of the run's Args (before any work and any run directory), seeds and device. args: the hyperparameters
+    (num_envs: the total over all workers); flags: run_flags' flags they came from, which checkpoints keep."""
+    try:
+        return started(script, args, checkpoint, num_iterations, args if flags is None else flags)
+    except BaseException:
+        give_back_signals()
+        raise
+
+
+def catch_signals() -> None:
+    """Ctrl-C and SIGTERM stop at once (stop_at_once) while a run starts: its flags, a checkpoint read, its checks.
+    The handlers before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            HANDLERS_BEFORE_START.setdefault(sig, signal.signal(sig, stop_at_once))
+
+
+def stop_at_once(signum, frame) -> None:
+    print(f"\n{signal.Signals(signum).name}: stopping now, before any training.", flush=True)
+    raise SystemExit(128 + signum)
+
+
+def give_back_signals() -> None:
+    for sig in list(HANDLERS_BEFORE_START):
+        signal.signal(sig, HANDLERS_BEFORE_START.pop(sig))
+
+
+def started(script: Script, args, checkpoint, num_iterations: int, flags) -> "Run":
+    global WORKERS
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+    if checkpoint is not None:  # a checkpoint holds the envs, RNG and statistics of as many workers as wrote it
+        written_by = 1 + len(checkpoint.get("workers", []))
+        if written_by != world_size:
+            how = f"torchrun --nproc_per_node {written_by}" if written_by > 1 else "python, in one process"
+            raise SystemExit(f"--resume {args.resume}: its checkpoint holds the envs of {plural(written_by, 'worker')}"
+                             f", not {world_size}: resume it with {how}.")
+    torchrun = world_size > 1 or "LOCAL_RANK" in os.environ  # torchrun sets LOCAL_RANK; python does not
+    if torchrun and script.worker_share is None:
+        raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
+    cuda = torch.cuda.is_available() and args.cuda
+    if torchrun:  # this worker's GPU before anything touches CUDA (check_args does)
+        workers = service("workers", "torchrun")
+        workers.take_gpu(cuda)
+    check_args(args, script)  # a bad flag is named as in a single process
+    if torchrun:  # each worker's share of the envs, checked as a run of its own, before the workers join
+        total = f"--num-envs {flags.num_envs}" + (f", adjusted to {args.num_envs}," if args.num_envs != flags.num_envs
+                                                  else "")
+        if args.num_envs % world_size != 0:
+            raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
+                             f"torchrun workers.")
+        share = script.worker_share(args, rank, world_size)  # it may stop too, e.g. on a total W does not divide
+        try:  # e.g. the minibatches must now split each worker's envs
+            script.check_args(share, *check_spaces(args.env_id, script))
+        except SystemExit as error:
+            raise SystemExit(f"With {world_size} torchrun workers each one runs {args.num_envs // world_size} of the "
+                             f"{total.rstrip(',')} envs: {error}") from None
+        workers.join(cuda, rank)
+        WORKERS = workers  # the collectives below are workers.py's until the run ends
+    run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # this worker's envs and seed
+    seed_everything(run_args.seed)
+    torch.backends.cudnn.deterministic = run_args.torch_deterministic
+    device, device_note = choose_device(args.cuda)
+    if args.bf16 and device.type == "cpu":
+        cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+        print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)}; benchmark/bf16.py times it here (docs/speed.md)")
+    return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
+
+
+def set_workers(workers) -> None:
+    global WORKERS
+    WORKERS = workers
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def plural(count: int, noun: str) -> str:
+    """ "1 iteration", "2 iterations"."""
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def duration(seconds: float) -> str:
+    """A duration as people read it: "42 s", "3 min 20 s", "3 h 12 min", "20.2 d"."""
+    whole, minutes = round(seconds), round(seconds / 60)
+    if whole < 60:
+        return f"{whole} s"
+    if minutes < 60:
+        return f"{whole // 60} min {whole % 60} s"
+    return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
+
+
+def saves_note(args) -> str:
+    every = args.checkpoint_every
+    cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
+    return ("no checkpoint.safetensors" if every == 0 else f"checkpoint.safetensors {cadence} and at the end") + (
+        ", model.safetensors at the end" if args.save_model else "")
+
+
+class Run:
+    """A run in progress and the hooks train() calls. command_args: the flags (command line or --resume), which
+    checkpoints keep; hyperparameters: the Args it trains with; args: this process's share (a torchrun worker's)."""
+
+    def __init__(self, script, command_args, hyperparameters, args, checkpoint, rank, world_size, device, device_note,
+                 num_iterations):
+        self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
+        self.hyperparameters, self.num_iterations, self.device_note = hyperparameters, num_iterations, device_note
+        self.rank, self.world_size, self.device = rank, world_size, device
+        self.envs, self.run_dir, self.writer, self.lock = None, None, Writer(), None
+        self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
+        self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
+        self.checkpoints = command_args.checkpoint_every != 0
+        self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
+        self.wandb_run_id, self.keys = None, {}  # --track: the W&B run's id; the script's restored checkpoint keys
+        self.render_mode = "rgb_array" if args.capture_video else None  # make_env's: --capture-video films env 0
+        self.dir_fd, self.origin = None, ("training made them so" if checkpoint is None else
+                                          f"the run resumed from --resume {command_args.resume}, whose weights, "
+                                          f"statistics and env state it trained on")
+        if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
+            previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+            self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
+
+    def open(self, envs):
+        """The script's envs, made right after the seeding: then the run directory and its lock, TensorBoard (and
+        W&B with --track), the start-up block. Returns the envs, with --capture-video recording env 0's episodes."""
+        script, args, flags, checkpoint = self.script, self.args, self.command_args, self.checkpoint
+        self.envs = envs
+        if checkpoint is not None:  # before anything is written, TensorBoard's purge of the steps after it included
+            sys.modules["checkpoints"].check_counters(checkpoint, f"--resume {flags.resume}", self.world_size *
+                                                      args.num_envs * args.num_steps, self.num_iterations)
+        tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
+        if self.rank == 0:  # the run directory, opened once: checkpoints and models go where the checks looked
+            self.run_dir = make_run_dir(flags, script.run_name(args))
+            try:
+                self.dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+            except OSError as error:
+                raise SystemExit(f"{shown(self.run_dir)} cannot be opened ({error.strerror}).") from None
+            self.lock = lock_run_dir(self.run_dir, self.dir_fd)
+        lines = {"steps": script.describe(self.hyperparameters, self.num_iterations)}
+        if checkpoint is not None:
+            lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
+                                 f"from {flags.resume}")
+        if WORKERS:
+            lines["workers"] = (f"{plural(self.world_size, 'torchrun worker')} ({WORKERS.backend()}), each with "
+                                f"{args.num_envs} envs and seed {args.seed} + {args.num_envs} x rank; the flags "
+                                f"printed and logged are rank 0's share")
+        if args.eval_every:
+            lines["evaluates"] = (f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, "
+                                  f"{service('evaluation', '--eval-every').acting(args)}")
+        if args.capture_video:
+            episodes = ", ".join(map(str, service("evaluation", "--capture-video").VIDEO_EPISODES))
+            lines["films"] = f"env 0's episodes {episodes}, ... into {self.run_dir}/videos"
+        print_startup(script, args.env_id, self.device_note, self.run_dir, dict(lines, saves=saves_note(flags)))
+        suggest_recipe(self.hyperparameters, script)
+        before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
+        changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
+                            if getattr(before, name) != getattr(after, name))
+        if changes:
+            print(f"adjusted from the flags:\n{changes}")
+        self.adjusted = changes
+        if args.capture_video and self.rank == 0:
+            self.envs = service("evaluation", "--capture-video").film(envs, self.run_dir)
+        return self.envs
+
+    def restore(self, saved, next_obs, next_done) -> tuple:
+        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
+        first (checkpoints.restore_run): (global_step, first iteration, next_obs, next_done); keys: run.restored."""
+        assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
+        self.saved, global_step, first_iteration = saved, 0, 1
+        if self.checkpoint is not None:
+            batch_size = self.world_size * self.args.num_envs * self.args.num_steps
+            checkpoints, refusal = sys.modules["checkpoints"], None
+            try:  # each worker checks its own part (its envs, random state, statistics) as rank 0 checks its own
+                global_step, first_iteration, next_obs, next_done, returns, self.keys = checkpoints.restore_run(
+                    checkpoints.worker_view(self.checkpoint, self.rank), saved, self.envs, next_obs, next_done,
+                    f"--resume {self.command_args.resume}", batch_size, self.num_iterations, ENV_WALK)
+                self.episode_returns.extend(returns)
+            except SystemExit as error:
+                refusal = str(error.code)
+            self.stop_if_refused(refusal)
+        if self.rank == 0:  # the logs open once a resume is known to fit: a refused one writes nothing (torchrun: rank 0)
+            if self.args.track:  # before the writer, whose scalars it syncs (tracking.py)
+                self.wandb_run_id = service("tracking", "--track").start(self.command_args, self.run_dir, (
+                    self.checkpoint or {}).get("wandb_run_id"))
+            self.writer.summary = open_writer(self.run_dir, self.args, self.checkpoint)
+            if self.adjusted and self.checkpoint is None:
+                self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
+        self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
+        self.last_eval_step = global_step
+        self.start_step, self.start_time = global_step, time.time()
+        self.progress = Progress(self.num_iterations * self.world_size * self.args.num_envs * self.args.num_steps,
+                                 global_step)
+        self.last_returns = list(self.episode_returns)  # the progress line's
+        return global_step, first_iteration, next_obs, next_done
+
+    def restored(self, key: str, valid=lambda value: True, meaning: str = ""):
+        """A script's own value (one of Saved.keys): the run's start value, or in a resumed run the checkpoint's,
+        checked against it and by valid(value) (what no run holds, e.g. an EWMA weight below 1, is `meaning`)."""
+        value = self.keys.get(key, self.saved.keys[key])
+        self.refuse(f"its {key} {meaning}, which no run's does" if key in self.keys and not valid(value) else None)
+        return value
+
+    def refuse(self, reason: Optional[str]):
+        """Stop, in one sentence and before any training, a resume from a checkpoint that no run writes (reason None:
+        go on, where every torchrun worker found none)."""
+        self.stop_if_refused(reason and f"--resume {self.command_args.resume}: {reason}: it is not this run's.")
+
+    def stop_if_refused(self, refusal: Optional[str]) -> None:
+        """Stop every worker with the first worker's refusal, if any refused (torchrun: agreed in one collective, so
+        that every worker says it and none trains); let go of what open() took, the lock included."""
+        refusal = agreed(refusal)
+        if refusal is not None:
+            self.release()
+            raise SystemExit(refusal)
+
+    def check_policy(self, pi) -> None:
+        """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled."""
+        check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}")
+
+    def after_step(self, global_step: int, info: dict) -> None:
+        """After each vector env step: note the episodes that ended (their raw score), move the progress bar."""
+        if "episode" in info:  # the last 100 returns change only where an episode ends
+            for i in np.flatnonzero(info["_episode"]):
+                self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
+            recent = [episode_return for _, episode_return, _ in self.episodes[-100:]]  # this worker's, as they end
+            self.last_returns = (list(self.episode_returns) + recent)[-100:]
+        self.progress.update(global_step, self.last_returns)
+
+    def end_rollout(self) -> None:
+        """Log the rollout's finished episodes (torchrun: every worker's, in step order)."""
+        for step, episode_return, length in gather_episodes(self.episodes):
+            self.episode_returns.append(episode_return)
+            self.writer.add_scalar("charts/episodic_return", episode_return, step)
+            self.writer.add_scalar("charts/episodic_length", length, step)
+        self.episodes = []
+
+    def updating(self, what: str) -> None:
+        """The progress line says what the update is doing, e.g. "epoch 2/3"."""
+        self.progress.set_status(f"updating: {what}")
+
+    def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
+        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write checkpoint.safetensors when
+        due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: the keys."""
+        self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
+        self.writer.add_scalar("charts/SPS", self.sps, global_step)
+        every = self.command_args.eval_every
+        if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
+            self.progress.set_status("evaluating")
+            returns = self.play_episodes()
+            if returns is not None:  # None: a signal stopped the evaluation
+                self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
+                self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
+                self.last_eval_step = global_step
+        self.progress.iteration_done(global_step)
+        stop = self.stop_requested()
+        if not (can_checkpoint or stop and not self.checkpoints):
+            return
+        every, last = self.command_args.checkpoint_every, self.last_safe_iteration
+        due = iteration == self.num_iterations or stop or (
+            iteration // every > last // every if every else
+            time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES)
+        due = bool(WORKERS.largest(int(due), self.device)) if WORKERS else due  # torchrun: all write it together
+        if self.checkpoints and due:
+            self.save("checkpoint.safetensors", iteration, global_step, next_obs, next_done, **extra)
+            self.last_checkpoint_time = time.monotonic()
+        self.last_safe_iteration = iteration
+        if stop:
+            self.stop(iteration, global_step)
+
+    def play_episodes(self):
+        """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), the
+        training envs' observation statistics frozen, the random state put back after; None if a signal stopped it."""
+        rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
+        if self.eval_envs is None:
+            self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
+        states = normalizer_states(self.envs)
+        num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
+        apply_normalizers(env_normalizers(self.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
+                                                            for i in range(num_episodes)} if num_obs else {}, True)
+        weights = {name: model.state_dict() for name, model in self.saved.models.items()}
+        load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
+        act = actor(self.script.acting_policy(self.args, self.eval_envs, load, self.device), self.eval_envs,
+                    self.device)
+        returns = service("evaluation", "--eval-every").play(self.eval_envs, act, num_episodes, seed,
+                                                            stopping=lambda: self.stop_signal is not None)
+        set_rng_state(rng)
+        return returns
+
+    def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
+        """Write a checkpoint into the run directory. torchrun: every worker calls it; rank 0 writes one file that
+        holds every worker's envs, random state and statistics (under "workers", rank 1 on)."""
+        self.writer.flush()  # the logs up to the checkpoint are on disk before it is
+        checkpoint = make_checkpoint(
+            self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
+            iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
+            script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra)
+        if WORKERS:  # every worker's part, at rank 0
+            parts = WORKERS.parts_at_rank_0(worker_part(checkpoint))
+            if self.rank != 0:
+                return
+            checkpoint["workers"] = parts[1:]
+        save_checkpoint(os.path.join(self.run_dir, file_name), checkpoint, self.dir_fd)
+
+    def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
+        """After the last iteration: model.safetensors (unless --no-save-model), the closing line; train()'s result."""
+        path = os.path.join(self.run_dir or ".", "model.safetensors")
+        if self.command_args.save_model and self.rank == 0:  # the policy and what plays it (model_bytes)
+            policy = self.script.policy
+            model = {"script": self.script.name, "args": dataclasses.asdict(self.command_args),
+                     "global_step": global_step, "normalizers": normalizer_states(self.envs),
+                     "models": {policy: self.saved.models[policy].state_dict()}}
+            write_file(path, model_bytes(model, policy), self.dir_fd)
+        self.close(global_step)
+        if self.command_args.save_model and self.rank == 0:
+            print(f"saved {path}; play it: python {self.script.name} --eval-checkpoint {shlex.quote(path)}")
+        mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
+        return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
+
+    def close(self, global_step) -> None:
+        self.progress.close(global_step, self.episode_returns)
+        self.release()
+
+    def release(self) -> None:
+        """Close the envs, the writers and the group of workers, let go of the lock, put the signal handlers back."""
+        self.envs.close()
+        if self.eval_envs is not None:
+            self.eval_envs.close()
+        self.writer.close()
+        if self.wandb_run_id is not None:
+            sys.modules["tracking"].finish()
+        if WORKERS:  # leave the group of workers
+            WORKERS.leave()
+            set_workers(None)
+        if self.lock is not None and self.lock in LOCKS_HELD.values():
+            os.close(LOCKS_HELD.pop(next(path for path, fd in LOCKS_HELD.items() if fd == self.lock)))
+        if self.dir_fd is not None:
+            os.close(self.dir_fd)
+            self.dir_fd = None
+        for sig, handler in self.old_handlers.items():
+            signal.signal(sig, handler)
+
+    def on_signal(self, signum, frame) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_signal is not None:
+            print(f"\n{name} again: stopping now, without a checkpoint.", flush=True)
+            os._exit(128 + signum)
+        self.stop_signal = signum
+        where = "at the next iteration end" + (" that can be checkpointed" if self.checkpoints else "")
+        print(f"\n{name}: stopping {where}; {name} again stops at once.", flush=True)
+
+    def stop_requested(self) -> bool:
+        """Whether a signal asked to stop (torchrun: any worker's, so that all stop at the same iteration)."""
+        if WORKERS:
+            self.stop_signal = WORKERS.largest(self.stop_signal or 0, self.device) or None
+        return self.stop_signal is not None
+
+    def stop(self, iteration, global_step) -> None:
+        """Close the run after a signal: say where it stopped and how to resume; exit with 128 + the signal."""
+        signum = self.stop_signal
+        self.close(global_step)
+        print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
+              f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.safetensors" if self.checkpoints else ""))
+        if self.checkpoints:
+            path = f"{self.run_dir}/checkpoint.safetensors"
+            print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}")
+        else:
+            print("no checkpoint was written (--checkpoint-every 0), so this run cannot be resumed")
+        raise SystemExit(128 + signum)
+
+
+def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
+    """The command that continues a run from `path` with the same output flags (and as many torchrun workers)."""
+    defaults, flags = script.args_type(), [f"--resume {shlex.quote(path)}"]
+    for name in OUTPUT_FLAGS:
+        value = getattr(args, name)
+        if value != getattr(defaults, name):
+            dashed = name.replace("_", "-")
+            flags.append(f"--{'' if value else 'no-'}{dashed}" if isinstance(value, bool) else f"--{dashed} {value}")
+    return (f"torchrun --nproc_per_node {world_size}" if world_size > 1 else "python") + f" {script.name} " + \
+        " ".join(flags)
+
+
+# ----------------------------------------------------------------------------- resume: flags and run directory
+def resume_from(args, script: Script) -> tuple:
+    """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint, read
+    by checkpoints.py); without it (args, None). The run writes into the checkpoint's directory: one that holds a newer
+    checkpoint, a finished run's model or a link is refused; a finished run's checkpoint continues nothing."""
+    if args.resume is None:
+        return args, None
+    given = given_flags(args, script)
+    refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
+    if refused:
+        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
+                         f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
+                         f"checkpoint's own).")
+    source, checkpoints = f"--resume {args.resume}", service("checkpoints", "--resume")
+    checkpoint = checkpoints.read(args.resume, "--resume", script, kinds=("checkpoint",))
+    resumed = checkpoints.checkpoint_args(checkpoint, script, source)
+    confirm_env_id(resumed.env_id, given, args, "--resume")
+    run_id = checkpoint.get("wandb_run_id")  # continued only where this command line asks for --track
+    if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
+        raise SystemExit(f"{source}: its wandb_run_id {reprlib.repr(run_id)} is not a W&B run id.")
+    resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name)
+                                                                  for name in (*OUTPUT_FLAGS, *TRACKING_FLAGS)})
+    run_dir = os.path.dirname(args.resume) or "."
+    checkpoints.check_run_dir(run_dir, source)
+    if checkpoint["iteration"] > checkpoint["num_iterations"]:
+        raise SystemExit(f"{source}: its iteration {checkpoint['iteration']:,} is beyond its run's "
+                         f"{checkpoint['num_iterations']:,}: it is not a checkpoint a run wrote.")
+    newest, model = (os.path.join(run_dir, name) for name in ("checkpoint.safetensors", "model.safetensors"))
+    if checkpoint["iteration"] == checkpoint["num_iterations"]:
+        print(f"{source}: that run already finished all {checkpoint['iteration']:,} iterations; " + (
+            f"its model is {model}." if os.path.exists(model) else
+            f"play it: python {script.name} --eval-checkpoint {shlex.quote(args.resume)}"))
+        raise SystemExit(0)
+    kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
+        newest, args.resume) else None
+    if kept:
+        raise SystemExit(f"{source}: its directory holds {kept}, which the resumed run would overwrite; to branch "
+                         f"from this checkpoint, copy it into a directory of its own and resume the copy.")
+    return resumed, checkpoint
+
+
+def service(module: str, flag: str):
+    """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file is not
+    beside the scripts, one sentence says to copy it."""
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as error:
+        if error.name != module:
+            raise
+        raise SystemExit(f"{flag} needs {module}.py, which is not beside {sys.argv[0] or 'the script'}: copy it "
+                         f"there from this project.") from None
+
+
+def lock_run_dir(run_dir: str, dir_fd: int) -> int:
+    """One writer per run directory (dir_fd, opened): run.lock, opened never through a link, locked (flock) while the
+    run lives and holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this
+    process, its own)."""
+    path = os.path.join(run_dir, "run.lock")
+    if os.path.realpath(path) in LOCKS_HELD:
+        os.close(LOCKS_HELD.pop(os.path.realpath(path)))
+    try:
+        fd = os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd)
+    except OSError as error:
+        raise SystemExit(f"{shown(path)} cannot be made ({error.strerror}).") from None
+    if os.fstat(fd).st_nlink > 1:  # a hard link: the pid would overwrite another name's file
+        os.close(fd)
+        raise SystemExit(f"{shown(path)} is a hard link to another file: remove it, and check what else the directory "
+                         f"holds.")
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.read(fd, 32).decode(errors="replace").strip()
+        os.close(fd)
+        raise SystemExit(f"{shown(run_dir)} is in use by another run (process {holder if holder.isdigit() else '?'}): "
+                         f"one run writes a run directory at a time.") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    LOCKS_HELD[os.path.realpath(path)] = fd
+    return fd
+
+
+def given_flags(args, script: Script) -> set:
+    """The flags this command line gives: those on sys.argv where this process runs the script itself (python
+    ppo_ewma.py ..., torchrun; at their defaults too), else (train(Args(...)) from Python) those off their defaults."""
+    names = {field.name for field in dataclasses.fields(args)}
+    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
+        defaults = script.args_type()
+        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
+    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
+    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
+
+
+def flag_names(names) -> str:
+    """ "--a, --b-c" of the fields a, b_c."""
+    return ", ".join("--" + name.replace("_", "-") for name in names)
+
+
+def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
+    """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
+    would import (run) that module, so it is used only where this command line names the same id."""
+    if "env_id" in given and args.env_id != env_id:
+        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {env_id!r}: {flag} runs on the "
+                         f"checkpoint's own env (drop --env-id).")
+    if ":" in env_id and "env_id" not in given:
+        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its env id {env_id!r} imports a module "
+                         f"of its own, which runs its code; pass --env-id {shlex.quote(env_id)} as well if you trust "
+                         f"that module.")
 
 
 # ------------------------------------------------------------------------------ checkpoints: what a run writes
@@ -339,8 +865,13 @@ def encoded(value, tensors: dict, path: str = ""):
 
 
 def checkpoint_bytes(checkpoint: dict) -> bytes:
-    tensors = {}
+    """The checkpoint's file: its tensors, each met in it again (a view, one object in two places) as a copy."""
+    tensors, storages = {}, set()
     text = json.dumps(encoded(checkpoint, tensors), allow_nan=False, separators=(",", ":"))
+    for name, tensor in tensors.items():
+        if tensor.numel() and tensor.untyped_storage().data_ptr() in storages:
+            tensors[name] = tensor.clone()
+        storages.add(tensors[name].untyped_storage().data_ptr())
     return safetensors.torch.save(tensors, metadata={"checkpoint": text})
 
 
@@ -537,517 +1068,6 @@ ENV_WALK = SimpleNamespace(layers=env_layers, normalizers=env_normalizers, rng_s
                            set_rng_state=set_rng_state, apply_normalizers=apply_normalizers)
 
 
-# ------------------------------------------------------------------------------------- a run's life
-def run_flags(args, script: Script) -> tuple:
-    """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
-    with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None). From here on, a signal
-    stops the run at once (catch_signals) until its Run takes over."""
-    catch_signals()
-    try:
-        return checked_flags(args, script)
-    except BaseException:
-        give_back_signals()
-        raise
-
-
-def checked_flags(args, script: Script) -> tuple:
-    args, checkpoint = resume_from(args, script)
-    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
-                 f"--resume {args.resume}: the checkpoint's flag ")
-    name, directory = args.exp_name, script.run_name(args)
-    if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
-        raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
-                         f"{len(directory)} characters; at most 240 fit: shorten them.")
-    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
-        raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most {NAME_LENGTH} "
-                         f"characters: it names the run's directory in runs/.")
-    return args, checkpoint
-
-
-def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
-    """Everything from the flags up to the envs, which the script makes next (run.open): the torchrun workers, the
-    checks of the run's Args (before any work and any run directory), seeds and device. args: the hyperparameters
-    (num_envs: the total over all workers); flags: run_flags' flags they came from, which checkpoints keep."""
-    try:
-        return started(script, args, checkpoint, num_iterations, args if flags is None else flags)
-    except BaseException:
-        give_back_signals()
-        raise
-
-
-def catch_signals() -> None:
-    """Ctrl-C and SIGTERM stop at once (stop_at_once) while a run starts: its flags, a checkpoint read, its checks.
-    The handlers before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            HANDLERS_BEFORE_START.setdefault(sig, signal.signal(sig, stop_at_once))
-
-
-def stop_at_once(signum, frame) -> None:
-    print(f"\n{signal.Signals(signum).name}: stopping now, before any training.", flush=True)
-    raise SystemExit(128 + signum)
-
-
-def give_back_signals() -> None:
-    for sig in list(HANDLERS_BEFORE_START):
-        signal.signal(sig, HANDLERS_BEFORE_START.pop(sig))
-
-
-def started(script: Script, args, checkpoint, num_iterations: int, flags) -> "Run":
-    world_size = int(os.environ.get("WORLD_SIZE", 1))  # torchrun's; before the workers join
-    if checkpoint is not None:  # a checkpoint holds the envs, RNG and statistics of as many workers as wrote it
-        written_by = 1 + len(checkpoint.get("workers", []))
-        if written_by != world_size:
-            how = f"torchrun --nproc_per_node {written_by}" if written_by > 1 else "python, in one process"
-            raise SystemExit(f"--resume {args.resume}: its checkpoint holds the envs of {plural(written_by, 'worker')}"
-                             f", not {world_size}: resume it with {how}.")
-    rank, world_size = start_workers(args, flags, script)
-    check_args(args, script)
-    run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # this worker's envs and seed
-    seed_everything(run_args.seed)
-    torch.backends.cudnn.deterministic = run_args.torch_deterministic
-    device, device_note = choose_device(args.cuda)
-    if args.bf16 and device.type == "cpu":
-        cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-        print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)}; benchmark/bf16.py times it here (docs/speed.md)")
-    return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
-
-
-def start_tracking(args, run_dir: str, run_id=None) -> str:
-    """--track: a W&B run syncing the TensorBoard scalars, the flags its config; its id returned (for checkpoints);
-    run_id continues a resumed one. Steps a resume replays appear twice in W&B's history, once in TensorBoard's."""
-    import wandb
-
-    try:
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity, config=dataclasses.asdict(args),
-                         name=os.path.basename(os.path.normpath(run_dir)), id=run_id,
-                         resume="must" if run_id else None, sync_tensorboard=True)
-    except Exception as error:  # W&B's own errors (a project it cannot reach, a run it does not know) in one line
-        raise SystemExit(f"--track: W&B could not {'continue run ' + run_id if run_id else 'start a run'} "
-                         f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}).") from None
-    return run.id
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
-def plural(count: int, noun: str) -> str:
-    """ "1 iteration", "2 iterations"."""
-    return f"{count:,} {noun}{'' if count == 1 else 's'}"
-
-
-def duration(seconds: float) -> str:
-    """A duration as people read it: "42 s", "3 min 20 s", "3 h 12 min", "20.2 d"."""
-    whole, minutes = round(seconds), round(seconds / 60)
-    if whole < 60:
-        return f"{whole} s"
-    if minutes < 60:
-        return f"{whole // 60} min {whole % 60} s"
-    return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
-
-
-def saves_note(args) -> str:
-    every = args.checkpoint_every
-    cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
-    return ("no checkpoint.safetensors" if every == 0 else f"checkpoint.safetensors {cadence} and at the end") + (
-        ", model.safetensors at the end" if args.save_model else "")
-
-
-class Run:
-    """A run in progress and the hooks train() calls. command_args: the flags (command line or --resume), which
-    checkpoints keep; hyperparameters: the Args it trains with; args: this process's share (a torchrun worker's)."""
-
-    def __init__(self, script, command_args, hyperparameters, args, checkpoint, rank, world_size, device, device_note,
-                 num_iterations):
-        self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
-        self.hyperparameters, self.num_iterations, self.device_note = hyperparameters, num_iterations, device_note
-        self.rank, self.world_size, self.device = rank, world_size, device
-        self.envs, self.run_dir, self.writer, self.lock = None, None, Writer(), None
-        self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
-        self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
-        self.checkpoints = command_args.checkpoint_every != 0
-        self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
-        self.wandb_run_id, self.keys = None, {}  # --track: the W&B run's id; the script's restored checkpoint keys
-        self.render_mode = "rgb_array" if args.capture_video else None  # make_env's: --capture-video films env 0
-        self.dir_fd, self.origin = None, ("training made them so" if checkpoint is None else
-                                          f"the run resumed from --resume {command_args.resume}, whose weights, "
-                                          f"statistics and env state it trained on")
-        if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
-            previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-            self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
-
-    def open(self, envs):
-        """The script's envs, made right after the seeding: then the run directory and its lock, TensorBoard (and
-        W&B with --track), the start-up block. Returns the envs, with --capture-video recording env 0's episodes."""
-        script, args, flags, checkpoint = self.script, self.args, self.command_args, self.checkpoint
-        self.envs = envs
-        if checkpoint is not None:  # before anything is written, TensorBoard's purge of the steps after it included
-            sys.modules["checkpoints"].check_counters(checkpoint, f"--resume {flags.resume}", self.world_size *
-                                                      args.num_envs * args.num_steps, self.num_iterations)
-        tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
-        if self.rank == 0:  # the run directory, opened once: checkpoints and models go where the checks looked
-            self.run_dir = make_run_dir(flags, script.run_name(args))
-            try:
-                self.dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError as error:
-                raise SystemExit(f"{shown(self.run_dir)} cannot be opened ({error.strerror}).") from None
-            self.lock = lock_run_dir(self.run_dir, self.dir_fd)
-        lines = {"steps": script.describe(self.hyperparameters, self.num_iterations)}
-        if checkpoint is not None:
-            lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
-                                 f"from {flags.resume}")
-        if dist.is_initialized():
-            lines["workers"] = (f"{plural(self.world_size, 'torchrun worker')} ({dist.get_backend()}), each with "
-                                f"{args.num_envs} envs and seed {args.seed} + {args.num_envs} x rank; the flags "
-                                f"printed and logged are rank 0's share")
-        if args.eval_every:
-            lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
-        if args.capture_video:
-            lines["films"] = f"env 0's episodes {', '.join(map(str, VIDEO_EPISODES))}, ... into {self.run_dir}/videos"
-        print_startup(script, args.env_id, self.device_note, self.run_dir, dict(lines, saves=saves_note(flags)))
-        suggest_recipe(self.hyperparameters, script)
-        before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
-        changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
-                            if getattr(before, name) != getattr(after, name))
-        if changes:
-            print(f"adjusted from the flags:\n{changes}")
-        self.adjusted = changes
-        if args.capture_video and self.rank == 0:
-            self.envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(self.run_dir, "videos"),
-                                                        record_first_only=True, episode_trigger=video_schedule)
-        return self.envs
-
-    def restore(self, saved, next_obs, next_done) -> tuple:
-        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
-        first (checkpoints.restore_run): (global_step, first iteration, next_obs, next_done); keys: run.restored."""
-        assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
-        self.saved, global_step, first_iteration = saved, 0, 1
-        if self.checkpoint is not None:
-            batch_size = self.world_size * self.args.num_envs * self.args.num_steps
-            checkpoints, refusal = sys.modules["checkpoints"], None
-            try:  # each worker checks its own part (its envs, random state, statistics) as rank 0 checks its own
-                global_step, first_iteration, next_obs, next_done, returns, self.keys = checkpoints.restore_run(
-                    checkpoints.worker_view(self.checkpoint, self.rank), saved, self.envs, next_obs, next_done,
-                    f"--resume {self.command_args.resume}", batch_size, self.num_iterations, ENV_WALK)
-                self.episode_returns.extend(returns)
-            except SystemExit as error:
-                refusal = str(error.code)
-            self.stop_if_refused(refusal)
-        if self.rank == 0:  # the logs open once a resume is known to fit: a refused one writes nothing (torchrun: rank 0)
-            if self.args.track:  # before the writer, whose scalars it syncs
-                self.wandb_run_id = start_tracking(self.command_args, self.run_dir, (self.checkpoint or {}).get(
-                    "wandb_run_id"))
-            self.writer.summary = open_writer(self.run_dir, self.args, self.checkpoint)
-            if self.adjusted and self.checkpoint is None:
-                self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
-        self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
-        self.last_eval_step = global_step
-        self.start_step, self.start_time = global_step, time.time()
-        self.progress = Progress(self.num_iterations * self.world_size * self.args.num_envs * self.args.num_steps,
-                                 global_step)
-        self.last_returns = list(self.episode_returns)  # the progress line's
-        return global_step, first_iteration, next_obs, next_done
-
-    def restored(self, key: str, valid=lambda value: True, meaning: str = ""):
-        """A script's own value (one of Saved.keys): the run's start value, or in a resumed run the checkpoint's,
-        checked against it and by valid(value) (what no run holds, e.g. an EWMA weight below 1, is `meaning`)."""
-        value = self.keys.get(key, self.saved.keys[key])
-        self.refuse(f"its {key} {meaning}, which no run's does" if key in self.keys and not valid(value) else None)
-        return value
-
-    def refuse(self, reason: Optional[str]):
-        """Stop, in one sentence and before any training, a resume from a checkpoint that no run writes (reason None:
-        go on, where every torchrun worker found none)."""
-        self.stop_if_refused(reason and f"--resume {self.command_args.resume}: {reason}: it is not this run's.")
-
-    def stop_if_refused(self, refusal: Optional[str]) -> None:
-        """Stop every worker with the first worker's refusal, if any refused (torchrun: agreed in one collective, so
-        that every worker says it and none trains); let go of what open() took, the lock included."""
-        refusal = agreed(refusal)
-        if refusal is not None:
-            self.release()
-            raise SystemExit(refusal)
-
-    def check_policy(self, pi) -> None:
-        """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled."""
-        check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}")
-
-    def after_step(self, global_step: int, info: dict) -> None:
-        """After each vector env step: note the episodes that ended (their raw score), move the progress bar."""
-        if "episode" in info:  # the last 100 returns change only where an episode ends
-            for i in np.flatnonzero(info["_episode"]):
-                self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
-            recent = [episode_return for _, episode_return, _ in self.episodes[-100:]]  # this worker's, as they end
-            self.last_returns = (list(self.episode_returns) + recent)[-100:]
-        self.progress.update(global_step, self.last_returns)
-
-    def end_rollout(self) -> None:
-        """Log the rollout's finished episodes (torchrun: every worker's, in step order)."""
-        for step, episode_return, length in gather_episodes(self.episodes):
-            self.episode_returns.append(episode_return)
-            self.writer.add_scalar("charts/episodic_return", episode_return, step)
-            self.writer.add_scalar("charts/episodic_length", length, step)
-        self.episodes = []
-
-    def updating(self, what: str) -> None:
-        """The progress line says what the update is doing, e.g. "epoch 2/3"."""
-        self.progress.set_status(f"updating: {what}")
-
-    def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
-        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write checkpoint.safetensors when
-        due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: the keys."""
-        self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
-        self.writer.add_scalar("charts/SPS", self.sps, global_step)
-        every = self.command_args.eval_every
-        if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
-            self.progress.set_status("evaluating")
-            returns = self.play_episodes()
-            if returns is not None:  # None: a signal stopped the evaluation
-                self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
-                self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
-                self.last_eval_step = global_step
-        self.progress.iteration_done(global_step)
-        stop = self.stop_requested()
-        if not (can_checkpoint or stop and not self.checkpoints):
-            return
-        every, last = self.command_args.checkpoint_every, self.last_safe_iteration
-        due = iteration == self.num_iterations or stop or (
-            iteration // every > last // every if every else
-            time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES)
-        due = any_worker(due)  # torchrun: each worker's clock is its own; all write the checkpoint together
-        if self.checkpoints and due:
-            self.save("checkpoint.safetensors", iteration, global_step, next_obs, next_done, **extra)
-            self.last_checkpoint_time = time.monotonic()
-        self.last_safe_iteration = iteration
-        if stop:
-            self.stop(iteration, global_step)
-
-    def play_episodes(self):
-        """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), the
-        training envs' observation statistics frozen, the random state put back after; None if a signal stopped it."""
-        rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
-        if self.eval_envs is None:
-            self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
-        states = normalizer_states(self.envs)
-        num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-        apply_normalizers(env_normalizers(self.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
-                                                            for i in range(num_episodes)} if num_obs else {}, True)
-        weights = {name: model.state_dict() for name, model in self.saved.models.items()}
-        load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
-        act = actor(self.script.acting_policy(self.args, self.eval_envs, load, self.device), self.eval_envs, self.device)
-        returns = play(self.eval_envs, act, num_episodes, seed, stopping=lambda: self.stop_signal is not None)
-        set_rng_state(rng)
-        return returns
-
-    def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
-        """Write a checkpoint into the run directory. torchrun: every worker calls it; rank 0 writes one file that
-        holds every worker's envs, random state and statistics (under "workers", rank 1 on)."""
-        self.writer.flush()  # the logs up to the checkpoint are on disk before it is
-        checkpoint = make_checkpoint(
-            self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
-            iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
-            script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra)
-        if dist.is_initialized():
-            parts = [None] * self.world_size if self.rank == 0 else None
-            dist.gather_object(worker_part(checkpoint), parts, dst=0)
-            if self.rank != 0:
-                return
-            checkpoint["workers"] = parts[1:]
-        save_checkpoint(os.path.join(self.run_dir, file_name), checkpoint, self.dir_fd)
-
-    def finish(self, iteration, global_step, next_obs, next_done, **extra) -> dict:
-        """After the last iteration: model.safetensors (unless --no-save-model), the closing line; train()'s result."""
-        path = os.path.join(self.run_dir or ".", "model.safetensors")
-        if self.command_args.save_model and self.rank == 0:  # the policy and what plays it (model_bytes)
-            policy = self.script.policy
-            model = {"script": self.script.name, "args": dataclasses.asdict(self.command_args),
-                     "global_step": global_step, "normalizers": normalizer_states(self.envs),
-                     "models": {policy: self.saved.models[policy].state_dict()}}
-            write_file(path, model_bytes(model, policy), self.dir_fd)
-        self.close(global_step)
-        if self.command_args.save_model and self.rank == 0:
-            print(f"saved {path}; play it: python {self.script.name} --eval-checkpoint {shlex.quote(path)}")
-        mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
-        return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
-
-    def close(self, global_step) -> None:
-        self.progress.close(global_step, self.episode_returns)
-        self.release()
-
-    def release(self) -> None:
-        """Close the envs, the writers and the group of workers, let go of the lock, put the signal handlers back."""
-        self.envs.close()
-        if self.eval_envs is not None:
-            self.eval_envs.close()
-        self.writer.close()
-        if self.wandb_run_id is not None:
-            sys.modules["wandb"].finish()
-        if dist.is_initialized():  # leave the group of workers
-            dist.destroy_process_group()
-        if self.lock is not None and self.lock in LOCKS_HELD.values():
-            os.close(LOCKS_HELD.pop(next(path for path, fd in LOCKS_HELD.items() if fd == self.lock)))
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
-        for sig, handler in self.old_handlers.items():
-            signal.signal(sig, handler)
-
-    def on_signal(self, signum, frame) -> None:
-        name = signal.Signals(signum).name
-        if self.stop_signal is not None:
-            print(f"\n{name} again: stopping now, without a checkpoint.", flush=True)
-            os._exit(128 + signum)
-        self.stop_signal = signum
-        where = "at the next iteration end" + (" that can be checkpointed" if self.checkpoints else "")
-        print(f"\n{name}: stopping {where}; {name} again stops at once.", flush=True)
-
-    def stop_requested(self) -> bool:
-        """Whether a signal asked to stop (torchrun: any worker's, so that all stop at the same iteration)."""
-        if not dist.is_initialized():
-            return self.stop_signal is not None
-        flag = torch.tensor([self.stop_signal or 0], device=self.device)  # NCCL reduces GPU tensors only
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        self.stop_signal = int(flag) or None
-        return self.stop_signal is not None
-
-    def stop(self, iteration, global_step) -> None:
-        """Close the run after a signal: say where it stopped and how to resume; exit with 128 + the signal."""
-        signum = self.stop_signal
-        self.close(global_step)
-        print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
-              f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.safetensors" if self.checkpoints else ""))
-        if self.checkpoints:
-            path = f"{self.run_dir}/checkpoint.safetensors"
-            print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}")
-        else:
-            print("no checkpoint was written (--checkpoint-every 0), so this run cannot be resumed")
-        raise SystemExit(128 + signum)
-
-
-def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
-    """The command that continues a run from `path` with the same output flags (and as many torchrun workers)."""
-    defaults, flags = script.args_type(), [f"--resume {shlex.quote(path)}"]
-    for name in OUTPUT_FLAGS:
-        value = getattr(args, name)
-        if value != getattr(defaults, name):
-            dashed = name.replace("_", "-")
-            flags.append(f"--{'' if value else 'no-'}{dashed}" if isinstance(value, bool) else f"--{dashed} {value}")
-    return (f"torchrun --nproc_per_node {world_size}" if world_size > 1 else "python") + f" {script.name} " + \
-        " ".join(flags)
-
-
-# ----------------------------------------------------------------------------- resume: flags and run directory
-def resume_from(args, script: Script) -> tuple:
-    """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint, read
-    by checkpoints.py); without it (args, None). The run writes into the checkpoint's directory: one that holds a newer
-    checkpoint, a finished run's model or a link is refused; a finished run's checkpoint continues nothing."""
-    if args.resume is None:
-        return args, None
-    given = given_flags(args, script)
-    refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
-    if refused:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
-                         f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
-                         f"checkpoint's own).")
-    source, checkpoints = f"--resume {args.resume}", service("checkpoints", "--resume")
-    checkpoint = checkpoints.read(args.resume, "--resume", script, kinds=("checkpoint",))
-    resumed = checkpoints.checkpoint_args(checkpoint, script, source)
-    confirm_env_id(resumed.env_id, given, args, "--resume")
-    run_id = checkpoint.get("wandb_run_id")  # continued only where this command line asks for --track
-    if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
-        raise SystemExit(f"{source}: its wandb_run_id {reprlib.repr(run_id)} is not a W&B run id.")
-    resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name)
-                                                                  for name in (*OUTPUT_FLAGS, *TRACKING_FLAGS)})
-    run_dir = os.path.dirname(args.resume) or "."
-    checkpoints.check_run_dir(run_dir, source)
-    if checkpoint["iteration"] > checkpoint["num_iterations"]:
-        raise SystemExit(f"{source}: its iteration {checkpoint['iteration']:,} is beyond its run's "
-                         f"{checkpoint['num_iterations']:,}: it is not a checkpoint a run wrote.")
-    newest, model = (os.path.join(run_dir, name) for name in ("checkpoint.safetensors", "model.safetensors"))
-    if checkpoint["iteration"] == checkpoint["num_iterations"]:
-        print(f"{source}: that run already finished all {checkpoint['iteration']:,} iterations; " + (
-            f"its model is {model}." if os.path.exists(model) else
-            f"play it: python {script.name} --eval-checkpoint {shlex.quote(args.resume)}"))
-        raise SystemExit(0)
-    kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
-        newest, args.resume) else None
-    if kept:
-        raise SystemExit(f"{source}: its directory holds {kept}, which the resumed run would overwrite; to branch "
-                         f"from this checkpoint, copy it into a directory of its own and resume the copy.")
-    return resumed, checkpoint
-
-
-def service(module: str, flag: str):
-    """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file is not
-    beside the scripts, one sentence says to copy it."""
-    try:
-        return importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name != module:
-            raise
-        raise SystemExit(f"{flag} needs {module}.py, which is not beside {sys.argv[0] or 'the script'}: copy it "
-                         f"there from this project.") from None
-
-
-def lock_run_dir(run_dir: str, dir_fd: int) -> int:
-    """One writer per run directory (dir_fd, opened): run.lock, opened never through a link, locked (flock) while the
-    run lives and holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this
-    process, its own)."""
-    path = os.path.join(run_dir, "run.lock")
-    if os.path.realpath(path) in LOCKS_HELD:
-        os.close(LOCKS_HELD.pop(os.path.realpath(path)))
-    try:
-        fd = os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd)
-    except OSError as error:
-        raise SystemExit(f"{shown(path)} cannot be made ({error.strerror}).") from None
-    if os.fstat(fd).st_nlink > 1:  # a hard link: the pid would overwrite another name's file
-        os.close(fd)
-        raise SystemExit(f"{shown(path)} is a hard link to another file: remove it, and check what else the directory "
-                         f"holds.")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip()
-        os.close(fd)
-        raise SystemExit(f"{shown(run_dir)} is in use by another run (process {holder if holder.isdigit() else '?'}): "
-                         f"one run writes a run directory at a time.") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
-    LOCKS_HELD[os.path.realpath(path)] = fd
-    return fd
-
-
-def given_flags(args, script: Script) -> set:
-    """The flags this command line gives: those on sys.argv where this process runs the script itself (python
-    ppo_ewma.py ..., torchrun; at their defaults too), else (train(Args(...)) from Python) those off their defaults."""
-    names = {field.name for field in dataclasses.fields(args)}
-    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
-        defaults = script.args_type()
-        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
-    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
-    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
-
-
-def flag_names(names) -> str:
-    """ "--a, --b-c" of the fields a, b_c."""
-    return ", ".join("--" + name.replace("_", "-") for name in names)
-
-
-def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
-    """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
-    would import (run) that module, so it is used only where this command line names the same id."""
-    if "env_id" in given and args.env_id != env_id:
-        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {env_id!r}: {flag} runs on the "
-                         f"checkpoint's own env (drop --env-id).")
-    if ":" in env_id and "env_id" not in given:
-        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its env id {env_id!r} imports a module "
-                         f"of its own, which runs its code; pass --env-id {shlex.quote(env_id)} as well if you trust "
-                         f"that module.")
-
-
 # ------------------------------------------------------------------------------------------ checks
 def check_args(args, script: Script) -> None:
     """Stop in one sentence naming the flag before any work and any run directory (args: the run's hyperparameters)."""
@@ -1065,14 +1085,10 @@ def check_args(args, script: Script) -> None:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
                          f"steps (--num-envs {args.num_envs} x --num-steps {args.num_steps}).")
     check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
-    check_tracking(args)
-    if args.capture_video:
-        check_video(args.env_id, script.procgen_games)
-
-
-def check_tracking(args) -> None:
-    if args.track and importlib.util.find_spec("wandb") is None:
-        raise SystemExit("--track needs the wandb package, which is not installed: pip install wandb==0.31.0.")
+    if args.track:  # W&B installed, and tracking.py beside the script
+        service("tracking", "--track").check()
+    if args.capture_video:  # moviepy installed, frames rendered
+        service("evaluation", "--capture-video").check_video(args.env_id, script.procgen_games)
 
 
 def check_ranges(args, ranges: dict, prefix: str = "") -> None:
@@ -1373,220 +1389,102 @@ class Progress:
             self.print_line(step, episode_returns)
 
 
-# ------------------------------------------------------------------------------- evaluation and video
-def video_schedule(episode: int) -> bool:
-    """--capture-video in training: env 0's episodes k^3 below 1000, then every 1000th (capped cubic, CleanRL's)."""
-    return round(episode ** (1 / 3)) ** 3 == episode if episode < 1000 else episode % 1000 == 0
-
-
-def check_video(env_id: str, procgen_games=()) -> None:
-    """--capture-video needs moviepy (Gymnasium's RecordVideo writes with it) and an env that renders frames: pygame
-    for classic control, a headless OpenGL for MuJoCo (MUJOCO_GL=egl where no display is set); env_id None: moviepy."""
-    if importlib.util.find_spec("moviepy") is None:
-        raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
-                         "pip install -r requirements.txt.")
-    if env_id is None or env_id in procgen_games:  # Procgen's frames are its observations
-        return
-    if "DISPLAY" not in os.environ:
-        os.environ.setdefault("MUJOCO_GL", "egl")
-    try:
-        env = gym.make(env_id, render_mode="rgb_array")
-        env.reset(seed=0)
-        env.render()
-        env.close()
-    except Exception as error:
-        mujoco = "mujoco" in str(gym.spec(env_id.split(":")[-1]).entry_point)
-        why = ("MuJoCo's frames need a headless OpenGL: Debian's libegl1 (MUJOCO_GL=egl) or libosmesa6 "
-               "(MUJOCO_GL=osmesa)" if mujoco else f"{type(error).__name__}: {error}")
-        raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({why}).") from None
-
-
-def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):
-    """The raw returns of the first num_episodes / num_envs episodes of each env, reset with `seed`, played by
-    act(obs, reward, done) -> actions (the last step's reward and done, 0 and 1 at the reset); None on stopping()."""
-    per_env, (obs, _) = num_episodes // envs.num_envs, envs.reset(seed=seed)
-    reward, done = np.zeros(envs.num_envs), np.ones(envs.num_envs, dtype=bool)
-    returns = [[] for _ in range(envs.num_envs)]
-    while any(len(env_returns) < per_env for env_returns in returns):
-        if stopping():
-            return None
-        obs, reward, terminated, truncated, info = envs.step(act(obs, reward, done))
-        done = terminated | truncated
-        for i in np.flatnonzero(info.get("_episode", ())):
-            returns[i].append(float(info["episode"]["r"][i]))
-    return [episode_return for env_returns in returns for episode_return in env_returns[:per_env]]
-
-
-def acting(args) -> str:
-    """How evaluation acts, in words."""
-    return "actions the policy's mode (--eval-deterministic)" if args.eval_deterministic else \
-        "actions sampled as in training"
-
-
+# ----------------------------------------------------------------------------- --eval-checkpoint (evaluation.py)
 def evaluate(args, script: Script) -> dict:
-    """--eval-checkpoint: play the policy of a model or checkpoint file (sampled, or its mode with
-    --eval-deterministic) on one env, its normalization frozen; print and log the raw return (eval/mean_return,
-    eval/std_return; --track: to W&B too). A signal stops it at once while it starts, after the step while it plays."""
+    """--eval-checkpoint: play the policy of a model file or checkpoint on one env, its normalization frozen
+    (evaluation.py plays and logs; checkpoints.py reads the file). A signal stops it at once while it starts."""
     catch_signals()
     try:
-        return evaluated(args, script)
+        check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
+        if args.resume is not None:
+            raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
+        given = given_flags(args, script)
+        refused = sorted(given - {"env_id", *EVAL_FLAGS})
+        if refused:
+            raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
+                             f"{flag_names(refused)} (it takes {flag_names(EVAL_FLAGS[1:])}, and --env-id as the "
+                             f"checkpoint's own).")
+        evaluation, checkpoints = (service(name, "--eval-checkpoint") for name in ("evaluation", "checkpoints"))
+        if args.track:
+            service("tracking", "--track").check()
+        if args.capture_video:  # before the file is read; its env, once it is
+            evaluation.check_video(None)
+        source = f"--eval-checkpoint {args.eval_checkpoint}"
+        checkpoint = checkpoints.read(args.eval_checkpoint, "--eval-checkpoint", script)
+        run_args = checkpoints.checkpoint_args(checkpoint, script, source)
+        check_ranges(run_args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, f"{source}: the checkpoint's flag ")
+        confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
+        check_spaces(run_args.env_id, script)
+        run_args = dataclasses.replace(script.defaults(run_args),  # as the run trained, acting as told here
+                                       eval_deterministic=args.eval_deterministic)
+        if args.capture_video:
+            evaluation.check_video(run_args.env_id, script.procgen_games)
+        check_writable("runs")
+        device, device_note = choose_device(args.cuda)
+        envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
+                               render_mode="rgb_array" if args.capture_video else None)
+        checkpoints.load_normalizers(envs, checkpoint["normalizers"], ENV_WALK, source)
+        act = actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
+            module, checkpoint["models"], name, source), device), envs, device, source)  # the weights checked first
+        checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
+        run_dir = make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within NAME_LENGTH
+                               f"{checkpoint_dir[:2 * NAME_LENGTH]}__eval")
+        print_startup(script, run_args.env_id, device_note, run_dir, {
+            "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
+            "episodes": f"{args.eval_episodes}, seed {args.seed}, {evaluation.acting(args)}, normalization frozen"})
+        seed_everything(args.seed)
+        return evaluation.evaluate(args, envs, act, run_dir, run_args.env_id, checkpoint["global_step"])
     finally:
         give_back_signals()
 
 
-def evaluated(args, script: Script) -> dict:
-    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
-    if args.resume is not None:
-        raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
-    given = given_flags(args, script)
-    refused = sorted(given - {"env_id", *EVAL_FLAGS})
-    if refused:
-        raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
-                         f"{flag_names(refused)} (it takes {flag_names(EVAL_FLAGS[1:])}, and --env-id as the "
-                         f"checkpoint's own).")
-    check_tracking(args)
-    if args.capture_video:  # before the checkpoint is read; its env, once it is
-        check_video(None)
-    source, checkpoints = f"--eval-checkpoint {args.eval_checkpoint}", service("checkpoints", "--eval-checkpoint")
-    checkpoint = checkpoints.read(args.eval_checkpoint, "--eval-checkpoint", script)
-    run_args = checkpoints.checkpoint_args(checkpoint, script, source)
-    check_ranges(run_args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, f"{source}: the checkpoint's flag ")
-    confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
-    check_spaces(run_args.env_id, script)
-    run_args = dataclasses.replace(script.defaults(run_args),  # as the run trained, acting as told here
-                                   eval_deterministic=args.eval_deterministic)
-    if args.capture_video:
-        check_video(run_args.env_id, script.procgen_games)
-    check_writable("runs")
-    device, device_note = choose_device(args.cuda)
-    envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
-                           render_mode="rgb_array" if args.capture_video else None)
-    checkpoints.load_normalizers(envs, checkpoint["normalizers"], ENV_WALK, source)
-    act = actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
-        module, checkpoint["models"], name, source), device), envs, device)  # the weights checked, then loaded
-    checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
-    run_dir = make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within NAME_LENGTH
-                           f"{checkpoint_dir[:2 * NAME_LENGTH]}__eval")
-    print_startup(script, run_args.env_id, device_note, run_dir, {
-        "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-        "episodes": f"{args.eval_episodes}, seed {args.seed}, {acting(args)}, normalization frozen"})
-    if args.capture_video:
-        envs = gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
-                                               episode_trigger=lambda episode: episode < args.eval_episodes)
-    seed_everything(args.seed)
-    stop = []
-    handlers = {sig: signal.signal(sig, lambda signum, frame: stop.append(signum))
-                for sig in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() \
-        else {}
-    try:
-        returns = play(envs, act, args.eval_episodes, args.seed, stopping=lambda: bool(stop))
-    except NotFinite as error:
-        raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:-1]} (its weights and statistics made "
-                         f"them so: it is not a trained run's).") from None
-    finally:
-        envs.close()
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    if returns is None:
-        print(f"stopped by {signal.Signals(stop[0]).name} before {args.eval_episodes} episodes were played")
-        raise SystemExit(128 + stop[0])
-    mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
-    if args.track:  # before the writer, whose scalars it syncs
-        start_tracking(dataclasses.replace(args, env_id=run_args.env_id), run_dir)
-    writer = SummaryWriter(run_dir)
-    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, {acting(args)}, returns "
-                            f"{returns}")
-    writer.add_scalar("eval/mean_return", mean_return, checkpoint["global_step"])
-    writer.add_scalar("eval/std_return", std_return, checkpoint["global_step"])
-    writer.close()
-    if args.track:
-        sys.modules["wandb"].finish()
-    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes ({acting(args)})")
-    return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
-            "global_step": checkpoint["global_step"]}
-
-
-# -------------------------------------------------------------------------------- torchrun workers
-# `torchrun --nproc_per_node W` runs W copies of a script (docs/torchrun.md): each steps num_envs / W envs, the
-# workers average every gradient, and only rank 0 prints, logs and saves. In a single process every helper does nothing.
-def start_workers(args, flags, script: Script) -> tuple:
-    """Under torchrun (even W = 1): take this worker's GPU, check the run's Args and their split over the workers,
-    join the others (NCCL with one GPU each, Gloo on CPU), silence ranks > 0; (rank, W), one process (0, 1)."""
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    if world_size == 1 and "LOCAL_RANK" not in os.environ:  # torchrun sets LOCAL_RANK; python does not
-        return 0, 1
-    if script.worker_share is None:
-        raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
-    cuda = torch.cuda.is_available() and args.cuda
-    if cuda:  # before anything touches CUDA (check_args does), or every worker opens a context on GPU 0
-        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
-        if local_size > torch.cuda.device_count():
-            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
-                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
-        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
-    check_args(args, script)  # a bad flag is named as in a single process
-    num_envs = args.num_envs
-    total = f"--num-envs {flags.num_envs}" + (f", adjusted to {num_envs}," if num_envs != flags.num_envs else "")
-    if num_envs % world_size != 0:
-        raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
-                         f"torchrun workers.")
-    share = script.worker_share(args, rank, world_size)  # it may stop too, e.g. on a total W does not divide
-    try:  # e.g. the minibatches must now split each worker's envs
-        script.check_args(share, *check_spaces(args.env_id, script))
-    except SystemExit as error:
-        raise SystemExit(f"With {world_size} torchrun workers each one runs {num_envs // world_size} of the "
-                         f"{total.rstrip(',')} envs: {error}") from None
-    dist.init_process_group("nccl" if cuda else "gloo")
-    if rank != 0:
-        sys.stdout = open(os.devnull, "w")
-    return rank, world_size
-
-
-@torch.no_grad()
+# ------------------------------------------------------ collectives: workers.py's under torchrun, here one process's
 def broadcast_weights(*modules) -> None:
-    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
-    if dist.is_initialized():
-        params = [p for module in modules for p in module.parameters()]
-        flat = torch.cat([p.reshape(-1) for p in params])
-        dist.broadcast(flat, src=0)
-        for param, new in zip(params, flat.split([p.numel() for p in params])):
-            param.copy_(new.view_as(param))
+    """torchrun: every worker starts from rank 0's weights (their seeds, and so their initializations, differ)."""
+    if WORKERS:
+        WORKERS.broadcast_weights(*modules)
 
 
-@torch.no_grad()
 def average_gradients(*modules) -> None:
-    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
-    equal share of the minibatch, so this is the gradient of the whole minibatch."""
-    if dist.is_initialized():
-        grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat)  # sum over workers
-        flat /= dist.get_world_size()
-        for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
-            grad.copy_(mean.view_as(grad))
+    """torchrun: every gradient replaced by its mean over the workers, the gradient of the whole minibatch."""
+    if WORKERS:
+        WORKERS.average_gradients(*modules)
 
 
-def any_worker(flag: bool) -> bool:
-    """Whether flag holds on any worker (one all-reduce), so that all take the same decision. One process: flag."""
-    if not dist.is_initialized():
-        return flag
-    value = torch.tensor([int(flag)], device="cuda" if dist.get_backend() == "nccl" else "cpu")
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value)
+def global_batch(x):
+    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. One process: x."""
+    return WORKERS.global_batch(x) if WORKERS else x
 
 
 def own_part(x):
     """This worker's rows of a global_batch(): x [W * B] -> [B]. One process: x."""
-    return x.chunk(dist.get_world_size())[dist.get_rank()] if dist.is_initialized() else x
+    return WORKERS.own_part(x) if WORKERS else x
 
 
 def mean_over_workers(x):
-    """x averaged over the workers (one all-reduce), so that all take the same decision (--target-kl). Alone: x."""
-    if dist.is_initialized():
-        x = x.clone()
-        dist.all_reduce(x)
-        x /= dist.get_world_size()
-    return x
+    """x averaged over the workers, so that all take the same decision (--target-kl). One process: x."""
+    return WORKERS.mean_over_workers(x) if WORKERS else x
+
+
+def any_worker(flag: bool) -> bool:
+    """Whether flag holds on any worker, so that all take the same decision. One process: flag."""
+    return bool(WORKERS.largest(int(flag), "cuda")) if WORKERS else flag
+
+
+def gather_episodes(episodes):
+    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
+    logged after a smaller step). One process: the list itself."""
+    if not WORKERS:
+        return episodes
+    return sorted((episode for worker in WORKERS.every_workers(episodes) for episode in worker), key=lambda e: e[0])
+
+
+def agreed(refusal: Optional[str]) -> Optional[str]:
+    """The first refusal of any worker (in rank order), the same on every worker, so that all stop alike with the
+    same sentence. One process: refusal."""
+    if not WORKERS:
+        return refusal
+    return next((refusal for refusal in WORKERS.every_workers(refusal) if refusal is not None), None)
 
 
 class NotFinite(SystemExit):
@@ -1600,16 +1498,6 @@ def check_policy(pi, origin: str = "") -> None:
         raise NotFinite(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
 
 
-def agreed(refusal: Optional[str]) -> Optional[str]:
-    """The first refusal of any worker (in rank order), the same on every worker (one collective), so that all stop
-    alike with the same sentence. One process: refusal."""
-    if not dist.is_initialized():
-        return refusal
-    refusals = [None] * dist.get_world_size()
-    dist.all_gather_object(refusals, refusal)
-    return next((refusal for refusal in refusals if refusal is not None), None)
-
-
 def check_finite(iteration: int, **losses) -> None:
     """Stop the run in one sentence naming the first of `losses` (name=scalar tensor) that is nan or inf, before its
     step: the last checkpoint stays the last good one. torchrun: all workers stop at the same step, alike."""
@@ -1618,23 +1506,3 @@ def check_finite(iteration: int, **losses) -> None:
         name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))
         raise SystemExit(f"{name} is not finite at iteration {iteration}: the run stops before this step; its last "
                          f"checkpoint, if one was written, is the last good one.")
-
-
-def global_batch(x):
-    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker. Single process: x."""
-    if not dist.is_initialized():
-        return x
-    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
-    dist.all_gather(parts, x.contiguous())
-    return torch.cat(parts)
-
-
-def gather_episodes(episodes):
-    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
-    logged after a smaller step). Single process: the list itself."""
-    if not dist.is_initialized():
-        return episodes
-    lists = [None] * dist.get_world_size()
-    dist.all_gather_object(lists, episodes)
-    return sorted((episode for worker in lists for episode in worker), key=lambda episode: episode[0])
-

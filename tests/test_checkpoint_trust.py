@@ -299,7 +299,8 @@ def test_a_flag_on_the_command_line_that_the_run_would_not_use_is_refused(stoppe
     with pytest.raises(SystemExit, match=r"^--env-id Acrobot-v1 is not the checkpoint's env id 'CartPole-v1'"):
         command_line(monkeypatch, "--eval-checkpoint", path, "--env-id", "Acrobot-v1")
     craft(lambda checkpoint: checkpoint["args"].update(track=True))  # a tracked run, resumed with --no-track
-    monkeypatch.setattr(harness, "start_tracking", lambda *args: pytest.fail("--no-track was not followed"))
+    import tracking
+    monkeypatch.setattr(tracking, "start", lambda *args: pytest.fail("--no-track was not followed"))
     assert command_line(monkeypatch, "--resume", path, "--no-track", "--no-cuda")["global_step"] == 3 * 64
     assert ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=64, learning_rate=5e-4))  # from Python: unchanged
 
@@ -458,7 +459,8 @@ def test_a_full_disk_is_one_sentence_the_previous_checkpoint_intact_and_no_tempo
 def test_a_checkpoint_never_turns_tracking_on_nor_chooses_its_project(stopped, monkeypatch):
     path, craft = stopped
     started = []
-    monkeypatch.setattr(harness, "start_tracking", lambda args, run_dir, run_id=None: started.append(
+    import tracking
+    monkeypatch.setattr(tracking, "start", lambda args, run_dir, run_id=None: started.append(
         (args.track, args.wandb_entity, args.wandb_project_name, run_id)))
     craft(lambda checkpoint: (checkpoint["args"].update(track=True, wandb_entity="attacker-team",
                                                         wandb_project_name="open-collect"),
@@ -525,7 +527,9 @@ def test_what_the_run_holds_is_checked_against_the_memory_before_anything_is_bui
 
 def test_the_first_sigterm_stops_an_evaluation(stopped, monkeypatch):
     path, craft = stopped
-    real_play = harness.play
+    import evaluation
+
+    real_play = evaluation.play
 
     def sigterm_after_a_few_steps(envs, act, num_episodes, seed, stopping=lambda: False):
         steps = []
@@ -536,7 +540,7 @@ def test_the_first_sigterm_stops_an_evaluation(stopped, monkeypatch):
                 os.kill(os.getpid(), signal.SIGTERM)
             return act(obs, *previous)
         return real_play(envs, act_then_signal, num_episodes, seed, stopping)
-    monkeypatch.setattr(harness, "play", sigterm_after_a_few_steps)
+    monkeypatch.setattr(evaluation, "play", sigterm_after_a_few_steps)
     with pytest.raises(SystemExit) as stopped_by:
         ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=path, eval_episodes=300))
     assert stopped_by.value.code == 128 + signal.SIGTERM

@@ -582,7 +582,9 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
         config.update(n_pi=1, aux_minibatch_size=64)
     trained = module.train(module.Args(**config, total_timesteps=2 * 64))
     played = []  # (obs, actions) of every step the evaluation takes
-    real_play = harness.play
+    import evaluation
+
+    real_play = evaluation.play
 
     def recording_play(envs, act, num_episodes, seed, **stopping):
         def recording_act(obs, *previous):  # previous: the last step's reward and done
@@ -590,7 +592,7 @@ def test_eval_deterministic_plays_the_policy_mode(tmp_path, monkeypatch, capsys,
             return played[-1][1]
         return real_play(envs, recording_act, num_episodes, seed, **stopping)
 
-    monkeypatch.setattr(harness, "play", recording_play)
+    monkeypatch.setattr(evaluation, "play", recording_play)
     capsys.readouterr()
     module.train(module.Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=2, cuda=False,
                              eval_deterministic=True))

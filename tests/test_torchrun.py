@@ -1,7 +1,7 @@
 """torchrun workers of every script: two CPU processes joined with Gloo.
 
 The two processes get the environment torchrun gives its workers (RANK, WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT on a free local port), so harness.start_workers() joins them, as under
+MASTER_PORT on a free local port), so harness.start() joins them (workers.py), as under
 `torchrun --standalone --nproc_per_node 2`. They are forked from a forkserver, never from the pytest process: on a
 machine with a GPU, a process that has run a backward pass (autograd's device threads start even for CPU tensors)
 or touched CUDA cannot fork a working child, and pytest's process has done both by then. The forkserver is a fresh
@@ -29,6 +29,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import harness
 import ppg_ewma
 import ppo_ewma
+import workers
 from saved_files import read_back, write_back
 
 SCRIPTS = ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er")
@@ -37,6 +38,7 @@ TINY = dict(env_id="CartPole-v1", num_envs=8, num_steps=32, num_minibatches=4, g
             cuda=False)
 CONFIGS = {
     "ppo_ewma": TINY,
+    "ppo_ewma_rnn": TINY,  # each worker's 4 envs in 4 minibatches: one env's whole unroll each
     "ppg_ewma": dict(TINY, n_pi=1, aux_minibatch_size=64),  # the aux phase runs after the one iteration
     "ppo_staleness": dict(TINY, staleness=1),  # one warm-up rollout, then one trained iteration
     "vmpo": TINY,
@@ -114,7 +116,7 @@ def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
     run_two_workers(train_and_save_networks, name, str(tmp_path))
     rank0, rank1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in (0, 1))
     assert rank0["weights"].keys() == rank1["weights"].keys()
-    assert any(k.startswith("ewma.") for k in rank0["weights"]) == (name in ("ppo_ewma", "ppg_ewma"))
+    assert any(k.startswith("ewma.") for k in rank0["weights"]) == (name in ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma"))
     for key, value in rank0["weights"].items():  # bit for bit: the averaged gradients are the same on both
         assert torch.equal(value, rank1["weights"][key]), key
     # global steps count both workers' envs: 8 envs x 32 steps (+ the warm-up rollout of ppo_staleness; x 200: ppo_er)
@@ -133,7 +135,7 @@ def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
     events = EventAccumulator(runs[0])
     events.Reload()
     assert len(events.Scalars("charts/episodic_return")) == rank0["gathered_episodes"]
-    if name in ("ppo_ewma", "ppg_ewma"):  # span 1: the logged EWMA moments are this batch's
+    if name in ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma"):  # span 1: the logged EWMA moments are this batch's
         assert events.Scalars("charts/adv_mean")[-1].value == pytest.approx(both.mean().item(), abs=1e-6)
         assert events.Scalars("charts/adv_std")[-1].value == pytest.approx(both.std(unbiased=False).item(), rel=1e-5)
 
@@ -219,6 +221,7 @@ def ppo_ewma_loss(agent, inds):
 
 def compare_half_batch_updates(rank):
     dist.init_process_group("gloo")
+    harness.WORKERS = workers  # as harness.start sets it under torchrun
     torch.manual_seed(0)
     agent = ppo_ewma.Agent(CartPoleSpaces())
     one_process = copy.deepcopy(agent)  # one process, the whole batch
@@ -244,6 +247,7 @@ def test_averaged_gradient_of_two_halves_is_the_whole_batch_gradient():
 
 def compare_global_moments(rank):
     dist.init_process_group("gloo")
+    harness.WORKERS = workers  # as harness.start sets it under torchrun
     # worker 0 and worker 1 hold different halves of each iteration's advantages
     first = {0: torch.tensor([1.0, 2.0, 3.0, 4.0]), 1: torch.tensor([-2.0, 0.0, 6.0, 8.0])}[rank]
     second = {0: torch.tensor([0.0, 0.0, 1.0, 1.0]), 1: torch.tensor([2.0, 2.0, 3.0, 3.0])}[rank]
@@ -320,7 +324,7 @@ def test_the_workers_step_the_envs_of_one_process(monkeypatch, name):
     module = importlib.import_module(name)
     args = module.Args(**CONFIGS[name])
     monkeypatch.setenv("WORLD_SIZE", "1")  # without torchrun's LOCAL_RANK: one process, no group
-    assert harness.start_workers(args, args, module.SCRIPT) == (0, 1) and not dist.is_initialized()
+    assert harness.WORKERS is None and not dist.is_initialized()
     # worker r gets 4 envs and seed 1 + 4 r; Gymnasium seeds env i with seed + i: envs 1-4 and 5-8, as one process
     shares = [module.SCRIPT.worker_share(args, rank, 2) for rank in (0, 1)]
     assert [(share.num_envs, share.seed) for share in shares] == [(4, 1), (4, 5)]
@@ -476,7 +480,7 @@ def full_run(rank, name, config, out_dir):
     module.train(module.Args(**config, exp_name="full"))
 
 
-@pytest.mark.parametrize("name, extra", [("ppo_ewma", {}), ("ppo_ewma", {"rnn": "gru"}), ("vmpo", {})])
+@pytest.mark.parametrize("name, extra", [("ppo_ewma", {}), ("ppo_ewma_rnn", {"rnn": "gru"}), ("vmpo", {})])
 def test_a_resumed_run_of_two_workers_logs_what_the_uninterrupted_one_logs(tmp_path, name, extra):
     config = dict(CONFIGS[name], total_timesteps=4 * 256, **extra)  # 4 iterations of 8 envs x 32 steps; --rnn: each
     # worker's memory of its envs is in its part

@@ -1,0 +1,106 @@
+"""Evaluation and video, loaded only when a flag asks: --eval-checkpoint (play a saved policy), --eval-every (play the
+acting policy during training) and --capture-video. harness.py reads the file and builds the envs and the policy; this
+module plays, films and logs. It imports none of the project's modules but tracking.py, with --track.
+"""
+import dataclasses
+import importlib.util
+import os
+import signal
+import threading
+
+import gymnasium as gym
+import numpy as np
+from torch.utils.tensorboard import SummaryWriter
+
+VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
+
+
+def check_video(env_id, procgen_games=()) -> None:
+    """--capture-video needs moviepy (Gymnasium's RecordVideo writes with it) and an env that renders frames: pygame
+    for classic control, a headless OpenGL for MuJoCo (MUJOCO_GL=egl where no display is set); env_id None: moviepy."""
+    if importlib.util.find_spec("moviepy") is None:
+        raise SystemExit("--capture-video needs the moviepy package, which is not installed: "
+                         "pip install -r requirements.txt.")
+    if env_id is None or env_id in procgen_games:  # Procgen's frames are its observations
+        return
+    if "DISPLAY" not in os.environ:
+        os.environ.setdefault("MUJOCO_GL", "egl")
+    try:
+        env = gym.make(env_id, render_mode="rgb_array")
+        env.reset(seed=0)
+        env.render()
+        env.close()
+    except Exception as error:
+        mujoco = "mujoco" in str(gym.spec(env_id.split(":")[-1]).entry_point)
+        why = ("MuJoCo's frames need a headless OpenGL: Debian's libegl1 (MUJOCO_GL=egl) or libosmesa6 "
+               "(MUJOCO_GL=osmesa)" if mujoco else f"{type(error).__name__}: {error}")
+        raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({why}).") from None
+
+
+def film(envs, run_dir: str, episodes=None):
+    """envs recording videos into run_dir/videos with Gymnasium's RecordVideo: in training (episodes None) env 0's
+    episodes k^3 below 1000, then every 1000th (capped cubic, CleanRL's); in an evaluation its first `episodes`."""
+    if episodes is None:
+        return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"), record_first_only=True,
+                                               episode_trigger=lambda k: round(k ** (1 / 3)) ** 3 == k if k < 1000
+                                               else k % 1000 == 0)
+    return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"), episode_trigger=lambda k: k < episodes)
+
+
+def acting(args) -> str:
+    """How evaluation acts, in words."""
+    return "actions the policy's mode (--eval-deterministic)" if args.eval_deterministic else \
+        "actions sampled as in training"
+
+
+def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):
+    """The raw returns of the first num_episodes / num_envs episodes of each env, reset with `seed`, played by
+    act(obs, reward, done) -> actions (the last step's reward and done, 0 and 1 at the reset); None on stopping()."""
+    per_env, (obs, _) = num_episodes // envs.num_envs, envs.reset(seed=seed)
+    reward, done = np.zeros(envs.num_envs), np.ones(envs.num_envs, dtype=bool)
+    returns = [[] for _ in range(envs.num_envs)]
+    while any(len(env_returns) < per_env for env_returns in returns):
+        if stopping():
+            return None
+        obs, reward, terminated, truncated, info = envs.step(act(obs, reward, done))
+        done = terminated | truncated
+        for i in np.flatnonzero(info.get("_episode", ())):
+            returns[i].append(float(info["episode"]["r"][i]))
+    return [episode_return for env_returns in returns for episode_return in env_returns[:per_env]]
+
+
+def evaluate(args, envs, act, run_dir: str, env_id: str, global_step: int) -> dict:
+    """--eval-checkpoint, once harness.py has read the file and built `envs` (one env, its statistics frozen) and its
+    policy `act`: play args.eval_episodes episodes (filmed with --capture-video), a signal stopping it after the step;
+    print and log the raw return (eval/mean_return, eval/std_return at the file's global_step; --track: to W&B too)."""
+    if args.capture_video:
+        envs = film(envs, run_dir, args.eval_episodes)
+    stop = []
+    handlers = {sig: signal.signal(sig, lambda signum, frame: stop.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)} if threading.current_thread() is threading.main_thread() \
+        else {}
+    try:
+        returns = play(envs, act, args.eval_episodes, args.seed, stopping=lambda: bool(stop))
+    finally:
+        envs.close()
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    if returns is None:
+        print(f"stopped by {signal.Signals(stop[0]).name} before {args.eval_episodes} episodes were played")
+        raise SystemExit(128 + stop[0])
+    mean_return, std_return = float(np.mean(returns)), float(np.std(returns))
+    if args.track:  # before the writer, whose scalars it syncs
+        import tracking
+
+        tracking.start(dataclasses.replace(args, env_id=env_id), run_dir)
+    writer = SummaryWriter(run_dir)
+    writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, {acting(args)}, returns "
+                            f"{returns}")
+    writer.add_scalar("eval/mean_return", mean_return, global_step)
+    writer.add_scalar("eval/std_return", std_return, global_step)
+    writer.close()
+    if args.track:
+        tracking.finish()
+    print(f"eval: mean return {mean_return:.2f}, std {std_return:.2f} over {len(returns)} episodes ({acting(args)})")
+    return {"mean_return": mean_return, "std_return": std_return, "returns": returns, "run_dir": run_dir,
+            "global_step": global_step}

@@ -1,0 +1,100 @@
+"""torchrun's workers, loaded only under torchrun (its WORLD_SIZE): joining the group, and the collectives a run takes.
+
+`torchrun --nproc_per_node W` runs W copies of a script (docs/torchrun.md): each steps num_envs / W envs, the workers
+average every gradient, and only rank 0 prints, logs and saves. harness.py calls these, and in one process its own
+paths of them, which do nothing; this module imports none of the project's.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def take_gpu(cuda: bool) -> None:
+    """Make this worker's GPU (LOCAL_RANK) the default, before anything touches CUDA, or every worker opens a context
+    on GPU 0; NCCL needs one GPU per worker."""
+    if cuda:
+        local_rank, local_size = int(os.environ["LOCAL_RANK"]), int(os.environ["LOCAL_WORLD_SIZE"])
+        if local_size > torch.cuda.device_count():
+            raise SystemExit(f"torchrun started {local_size} workers on a machine with {torch.cuda.device_count()} "
+                             f"GPUs; NCCL needs one GPU per worker (lower --nproc_per_node, or pass --no-cuda).")
+        torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
+
+
+def join(cuda: bool, rank: int) -> None:
+    """Join the other workers (NCCL with one GPU each, Gloo on CPU); only rank 0 prints."""
+    dist.init_process_group("nccl" if cuda else "gloo")
+    if rank != 0:
+        sys.stdout = open(os.devnull, "w")
+
+
+@torch.no_grad()
+def broadcast_weights(*modules) -> None:
+    """Copy rank 0's parameters to every worker (the workers' seeds, and so their initializations, differ)."""
+    params = [p for module in modules for p in module.parameters()]
+    flat = torch.cat([p.reshape(-1) for p in params])
+    dist.broadcast(flat, src=0)
+    for param, new in zip(params, flat.split([p.numel() for p in params])):
+        param.copy_(new.view_as(param))
+
+
+@torch.no_grad()
+def average_gradients(*modules) -> None:
+    """Replace every gradient by its mean over the workers (one all-reduce). Each worker's loss is a mean over its
+    equal share of the minibatch, so this is the gradient of the whole minibatch."""
+    grads = [p.grad for module in modules for p in module.parameters() if p.grad is not None]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)  # sum over workers
+    flat /= dist.get_world_size()
+    for grad, mean in zip(grads, flat.split([g.numel() for g in grads])):
+        grad.copy_(mean.view_as(grad))
+
+
+def largest(value: int, device) -> int:
+    """The largest of every worker's int (one all-reduce; NCCL reduces GPU tensors only)."""
+    tensor = torch.tensor([value], device=device if dist.get_backend() == "nccl" else "cpu")
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return int(tensor)
+
+
+def own_part(x):
+    """This worker's rows of a global_batch(): x [W * B] -> [B]."""
+    return x.chunk(dist.get_world_size())[dist.get_rank()]
+
+
+def mean_over_workers(x):
+    """x averaged over the workers (one all-reduce), so that all take the same decision."""
+    x = x.clone()
+    dist.all_reduce(x)
+    return x / dist.get_world_size()
+
+
+def global_batch(x):
+    """x [B] of every worker, concatenated in rank order: [W * B], the same on every worker."""
+    parts = [torch.empty_like(x) for _ in range(dist.get_world_size())]
+    dist.all_gather(parts, x.contiguous())
+    return torch.cat(parts)
+
+
+def every_workers(value) -> list:
+    """Every worker's Python value (lists of episodes, refusals), in rank order, on every worker."""
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def parts_at_rank_0(part):
+    """Every worker's part of a checkpoint, at rank 0 (in rank order; None on the others)."""
+    parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(part, parts, dst=0)
+    return parts
+
+
+def leave() -> None:
+    """Leave the group of workers."""
+    dist.destroy_process_group()
+
+
+def backend() -> str:
+    return dist.get_backend()
