@@ -748,8 +748,8 @@ def service(module: str, flag: str):
     except ModuleNotFoundError as error:
         if error.name != module:
             raise
-        raise SystemExit(f"{flag} needs {module}.py, which is not beside {sys.argv[0] or 'the script'}: copy it "
-                         f"there from this project.") from None
+        raise SystemExit(f"{flag} needs {module}.py beside the script, and it is not there: copy it from this "
+                         f"project.") from None
 
 
 def lock_run_dir(run_dir: str, dir_fd: int) -> int:
@@ -1089,6 +1089,8 @@ def check_args(args, script: Script) -> None:
         service("tracking", "--track").check()
     if args.capture_video:  # moviepy installed, frames rendered
         service("evaluation", "--capture-video").check_video(args.env_id, script.procgen_games)
+    if args.eval_every:
+        service("evaluation", "--eval-every")
 
 
 def check_ranges(args, ranges: dict, prefix: str = "") -> None:

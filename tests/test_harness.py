@@ -675,3 +675,60 @@ def test_capture_video_films_env_0_in_training_and_every_episode_of_an_evaluatio
                                              capture_video=True))
     assert sorted(os.listdir(f"{evaluated['run_dir']}/videos")) == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]
     assert all(os.path.getsize(path) > 1000 for path in glob.glob(f"{evaluated['run_dir']}/videos/*.mp4"))
+
+
+# ----------------------------------------------------------------------- a plain run: the script and harness.py
+PLAIN = {  # a tiny run of each script
+    "ppo_ewma": TINY, "ppo_ewma_rnn": TINY, "ppg_ewma": dict(TINY, n_pi=1, aux_minibatch_size=64),
+    "ppo_staleness": dict(TINY, staleness=1), "vmpo": TINY, "ppo_er": dict(TINY, env_id="Pendulum-v1", num_steps=64),
+}
+
+
+def test_a_plain_run_of_each_script_needs_it_and_harness_alone(tmp_path):
+    # each script and harness.py copied into an empty folder, no other module of the project's beside them or on
+    # sys.path: a tiny run of each trains, logs to TensorBoard, writes its checkpoint and model; the models play
+    for name in (*PLAIN, "harness"):
+        shutil.copy(os.path.join(SCRIPT_DIR, f"{name}.py"), tmp_path)
+    code = "\n".join(
+        ["import sys", "assert not [path for path in sys.path if path.rstrip('/') == %r]" % SCRIPT_DIR] +
+        [f"import {name}; result = {name}.train({name}.Args(**{config!r}, total_timesteps=2 * {config['num_envs']} * "
+         f"{config['num_steps']})); print(result['run_dir'], result['global_step'])" for name, config in PLAIN.items()] +
+        ["print(sorted(name for name in sys.modules if name in ('checkpoints', 'evaluation', 'workers', 'tracking')))"])
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
+                            timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    *run_dirs, imported = [line for line in result.stdout.splitlines() if line.startswith(("runs/", "["))]
+    assert imported == "[]" and len(run_dirs) == len(PLAIN)  # no service was even imported
+    for name, (run_dir, global_step) in zip(PLAIN, map(str.split, run_dirs)):
+        files = os.listdir(tmp_path / run_dir)
+        assert {"checkpoint.safetensors", "model.safetensors"} <= set(files) and any(
+            file.startswith("events.out.tfevents") for file in files), (name, files)
+        module = __import__(name)  # the model, played by this project's whole copy, checkpoints.py and all
+        played = module.train(module.Args(eval_checkpoint=str(tmp_path / run_dir / "model.safetensors"),
+                                          eval_episodes=1, cuda=False))
+        assert len(played["returns"]) == 1 and played["global_step"] == int(global_step)
+
+
+@pytest.mark.parametrize("flags, module, flag", [
+    (dict(resume="runs/x/checkpoint.safetensors"), "checkpoints", "--resume"),
+    (dict(eval_checkpoint="model.safetensors"), "evaluation", "--eval-checkpoint"),
+    (dict(eval_checkpoint="model.safetensors"), "checkpoints", "--eval-checkpoint"),
+    (dict(TINY, track=True), "tracking", "--track"),
+    (dict(TINY, capture_video=True), "evaluation", "--capture-video"),
+    (dict(TINY, eval_every=64), "evaluation", "--eval-every"),
+])
+def test_a_service_asked_for_without_its_file_is_one_sentence_before_any_work(tmp_path, monkeypatch, flags, module,
+                                                                              flag):
+    import ppo_ewma
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, module, None)  # as if its file were not beside the script
+    with pytest.raises(SystemExit, match=rf"^{flag} needs {module}\.py beside the script, and it is not there: copy "
+                                         rf"it from this project\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**flags))
+    monkeypatch.setenv("LOCAL_RANK", "0")  # torchrun's, with one worker
+    monkeypatch.setitem(sys.modules, "workers", None)
+    with pytest.raises(SystemExit, match=r"^torchrun needs workers\.py beside the script, and it is not there"):
+        ppo_ewma.train(ppo_ewma.Args(**TINY))
+    assert not os.path.exists("runs")
