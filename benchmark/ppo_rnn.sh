@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# ppo_ewma.py's --rnn and --norm-value (docs/ppo_ewma.md#a-recurrent-policy---rnn-and-a-value-preprocessor---norm-value).
+# ppo_ewma_rnn.py's recurrent policy (docs/ppo_ewma_rnn.md) and ppo_ewma.py's --norm-value (docs/ppo_ewma.md).
+# The runs were made with ppo_ewma.py --rnn, before the recurrent policy moved into ppo_ewma_rnn.py, which logs them bit for
+# bit (benchmark/results/ppo_rnn_move.txt): the lines below run the move's script.
 # The plan, committed before any of these runs (seed 1 of --rnn lstm was tried once on the masked task for 141k of
 # 300k steps, where it was already at 473, to choose the budget: the CartPole recipe's own 200k steps):
 # - CartPole-v1 without its velocities (benchmark/masked_cartpole.py), the README's CartPole recipe (8 envs x 128
@@ -27,9 +29,9 @@ CHEETAH="$CHEETAH --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --no-ewma 
 
 runs() {
   for seed in 1 2 3; do
-    echo "python $ROOT/ppo_ewma.py $MASKED --rnn lstm --seed $seed --exp-name lstm"
-    echo "python $ROOT/ppo_ewma.py $MASKED --rnn gru --seed $seed --exp-name gru"
-    echo "python $ROOT/ppo_ewma.py $MASKED --rnn lstm --no-ewma --seed $seed --exp-name lstm-ppo"
+    echo "python $ROOT/ppo_ewma_rnn.py $MASKED --rnn lstm --seed $seed --exp-name lstm"
+    echo "python $ROOT/ppo_ewma_rnn.py $MASKED --rnn gru --seed $seed --exp-name gru"
+    echo "python $ROOT/ppo_ewma_rnn.py $MASKED --rnn lstm --no-ewma --seed $seed --exp-name lstm-ppo"
     echo "python $ROOT/ppo_ewma.py $MASKED --seed $seed --exp-name ff"
   done
   for seed in 1 2 3; do
