@@ -9,10 +9,8 @@ divisor, the options. Discrete and Box actions; skrl keeps its recurrent PPO in 
 this one is kept apart from ppo_ewma.py.
 
     python ppo_ewma_rnn.py --rnn lstm                    # PPO-EWMA with an LSTM on Procgen starpilot, hard
-    python ppo_ewma_rnn.py --rnn gru --env-id CartPole-v1 --num-envs 8 --num-steps 128 --gamma 0.99 \\
-        --total-timesteps 200000                         # the CartPole recipe with a GRU
     PYTHONPATH=benchmark python ppo_ewma_rnn.py --rnn lstm --env-id masked_cartpole:MaskedCartPole-v1 \\
-        --num-envs 8 --num-steps 128 --gamma 0.99 --total-timesteps 200000   # a task that needs memory
+        --num-envs 8 --num-steps 128 --gamma 0.99 --total-timesteps 200000   # CartPole without its velocities
 """
 import copy
 import dataclasses

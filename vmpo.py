@@ -15,6 +15,9 @@ returns through a PopArt-normalized head (Sec. 4.1). No entropy bonus, no import
         --gamma 0.9 --total-timesteps 300000 --learning-rate 1e-3 --multiplier-lr 1e-2 --norm-obs False   # 1 min
     python vmpo.py --env-id HalfCheetah-v5 --num-envs 8 --num-steps 256 --num-minibatches 8 --update-epochs 10 \\
         --gamma 0.99 --total-timesteps 1000000 --learning-rate 3e-4 --multiplier-lr 1e-2   # MuJoCo, 6 min here
+    PYTHONPATH=benchmark python vmpo.py --lstm --env-id masked_cartpole:MaskedCartPole-v1 --num-envs 16 \\
+        --num-steps 64 --num-minibatches 2 --norm-obs True --gamma 0.99 --total-timesteps 400000 \\
+        --learning-rate 1e-3 --multiplier-lr 1e-2        # Fig. 1b's recurrent agent, CartPole without velocities
 """
 import copy
 import dataclasses

@@ -126,6 +126,7 @@ def cpu_recipes(text, script):
     recipes (a Procgen run, a --resume or an --eval-checkpoint is not one)."""
     import harness  # noqa: E402  (after conftest.py put the repository root on the path)
 
+    text = re.sub(r"^(\s*)PYTHONPATH=\S+ python ", r"\1python ", text, flags=re.M)  # a user's env module's folder
     commands = [c for c in harness.recipes(text) if c.split()[1] == f"{script}.py" and "--total-timesteps" in c]
     return [c for c in commands if (env := dict(zip(c.split(), c.split()[1:])).get("--env-id"))
             and env not in harness.PROCGEN_GAMES + ("GAME",)]
