@@ -1,8 +1,9 @@
 """Answers a learner might hand in for docs/exercises.md, which tests/test_exercises.py hands in through each
 exercise's check, keyed by the exercise's first piece: right answers that order the same float operations otherwise
-(each check must pass them), and wrong ones, each a change to the script's own source of the exercise's pieces (each
-check must fail them). The wrong answers marked "issue 79" passed the checks before the checks compared each piece
-with the script's own on random inputs (tests/test_exercise_checks.py)."""
+(each check must pass them; a list where there are several), and wrong ones, each a change to the script's own source
+of the exercise's pieces (each check must fail them). The wrong answers marked "issue 79" passed the checks before the
+checks compared each piece with the script's own on random inputs (tests/test_exercise_checks.py); those marked
+"comparison" passed that comparison (only a hand-worked test, or nothing, caught them) until it was tightened."""
 
 REORDERED = {
     "compute_gae": '''
@@ -79,7 +80,7 @@ class RewardNormalizer:
         self.count = total
         return (rewards * (self.var + 1e-8) ** -0.5).clamp(-self.clip, self.clip)
 ''',
-    "minibatch_indices": '''
+    "minibatch_indices": ['''
 import torch
 
 
@@ -98,7 +99,29 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
             for c in range(chunks):
                 minibatches.append(torch.tensor([t * num_envs + n for t in range(c * length, (c + 1) * length)]))
     return minibatches
-''',
+''', '''
+import torch
+
+
+def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
+    # one layout for both cases: the [T, N] grid's columns shuffled, read env by env, cut into M equal pieces
+    envs = torch.randperm(num_envs, generator=generator)
+    grid = torch.arange(num_steps * num_envs).reshape(num_steps, num_envs)
+    return list(grid[:, envs].T.reshape(num_minibatches, -1))
+''', '''
+import torch
+
+
+def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
+    # groups of envs, and for each group its trajectories' time chunks (one chunk when M <= N), by tensor_split
+    envs = torch.randperm(num_envs, generator=generator).tolist()
+    per_minibatch, chunks = max(1, num_envs // num_minibatches), max(1, num_minibatches // num_envs)
+    minibatches = []
+    for start in range(0, num_envs, per_minibatch):
+        for steps in torch.arange(num_steps).tensor_split(chunks):
+            minibatches.append(torch.cat([steps * num_envs + n for n in envs[start:start + per_minibatch]]))
+    return minibatches
+'''],
     "StaleQueue": '''
 class StaleQueue:
     def __init__(self, staleness):
@@ -148,7 +171,7 @@ def vmpo_e_step(advantages, temperature, eps_eta, top_k_fraction=0.5):
     weights = torch.zeros_like(advantages).index_put((kept,), torch.softmax(scaled.detach(), 0))
     return weights, temperature_loss
 ''',
-    "gaussian_kl_decoupled": '''
+    "gaussian_kl_decoupled": ['''
 import torch
 
 
@@ -160,7 +183,36 @@ def gaussian_kl_decoupled(mean_old, std_old, mean, std):
 
 def vmpo_kl_loss(kl, alpha, eps_alpha):
     return alpha * (eps_alpha - kl.detach()).mean() + alpha.detach() * kl.mean()
-''',
+''', '''
+import torch
+from torch.distributions import Normal, kl_divergence
+
+
+def gaussian_kl_decoupled(mean_old, std_old, mean, std):
+    # torch's exact KLs of the two decoupled pairs, per action dim, summed
+    old = Normal(mean_old, std_old)
+    return kl_divergence(old, Normal(mean, std_old)).sum(-1), kl_divergence(old, Normal(mean_old, std)).sum(-1)
+
+
+def vmpo_kl_loss(kl, alpha, eps_alpha):
+    # alpha eps_alpha taken out of the mean; .item() is a stop-gradient too
+    return alpha * eps_alpha - (alpha * kl.detach()).mean() + alpha.item() * kl.mean()
+''', '''
+import torch
+
+
+def gaussian_kl_decoupled(mean_old, std_old, mean, std):
+    # the std's KL through the variance ratio r = var_old / var: 1/2 (r - 1 - log r)
+    ratio = (std_old / std) ** 2
+    z = (mean - mean_old) / std_old
+    return 0.5 * (z * z).sum(-1), 0.5 * (ratio - 1.0 - torch.log(ratio)).sum(-1)
+
+
+def vmpo_kl_loss(kl, alpha, eps_alpha):
+    # the batch's mean KL first, one stop-gradient on each side of it
+    mean_kl = kl.mean()
+    return alpha * (eps_alpha - mean_kl.detach()) + alpha.detach() * mean_kl
+'''],
     "ReplayMemory": '''
 from collections import deque
 
@@ -260,6 +312,17 @@ WRONG = {
         ("each minibatch step by step", "",
          [("inds = steps[None, :, None, :] * num_envs + groups[:, None, :, None]",
            "inds = steps[None, :, :, None] * num_envs + groups[:, None, None, :]")]),
+        # torch.randperm draws the same from the global random state as from a generator seeded alike: the comparison
+        # seeded both with the same number, so only the hand-worked tests caught this one
+        ("the generator ignored", "comparison",
+         [("envs = torch.randperm(num_envs, generator=generator)",
+           "envs = torch.randperm(num_envs)")]),
+        ("one [M, T N / M] tensor, not a list", "comparison",
+         [("return list(inds.reshape(num_minibatches, -1))",
+           "return inds.reshape(num_minibatches, -1)")]),
+        ("a tuple, not a list", "comparison",
+         [("return list(inds.reshape(num_minibatches, -1))",
+           "return tuple(inds.reshape(num_minibatches, -1))")]),
     ],
     "StaleQueue": [
         ("one rollout too few held back", "",
@@ -308,6 +371,14 @@ WRONG = {
         ("the KL reaching alpha's term with its gradient", "",
          [("(alpha * (eps_alpha - kl.detach())).mean()",
            "(alpha * (eps_alpha - kl)).mean()")]),
+        # the hand-worked test's first std pair is a permutation of the other, where both directions agree
+        ("the std's KL the other way round, KL[N(mu_old, S) || N(mu_old, S_old)]", "",
+         [("kl_std = 0.5 * (var_old / var - 1.0 + torch.log(var / var_old)).sum(-1)",
+           "kl_std = 0.5 * (var / var_old - 1.0 + torch.log(var_old / var)).sum(-1)")]),
+        # the loss's value is alpha eps_alpha either way: only the gradients tell
+        ("the two stop-gradients swapped", "",
+         [("return (alpha * (eps_alpha - kl.detach())).mean() + (alpha.detach() * kl).mean()",
+           "return (alpha.detach() * (eps_alpha - kl)).mean() + (alpha * kl.detach()).mean()")]),
     ],
     "ReplayMemory": [
         ("one shuffle for every actor", "",

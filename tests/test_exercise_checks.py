@@ -320,7 +320,9 @@ def test_reward_normalizer_equals_the_scripts_own_over_sequences_of_rollouts():
 # ---------------------------------------------------------------------------------- 5. minibatch_indices
 def test_minibatch_indices_equals_the_scripts_own_with_the_same_random_numbers():
     # the envs are permuted by torch.randperm(num_envs, generator=generator): the same generator (or the same global
-    # seed) gives the same minibatches, twice in a row as in two epochs
+    # seed) gives the same minibatches, twice in a row as in two epochs. With a generator the global random state is
+    # seeded otherwise, so that an answer that ignores the generator draws other envs (randperm draws the same from a
+    # generator and from the global state seeded alike)
     layouts = [(3, 4, 1), (5, 4, 2), (2, 4, 4), (4, 8, 2), (6, 6, 3), (1, 5, 5),  # M <= N
                (4, 2, 4), (6, 2, 6), (8, 4, 8), (6, 3, 6), (4, 1, 4), (12, 2, 8)]  # M > N: time chunks
     for script, tested, own in pieces("minibatch_indices"):
@@ -329,13 +331,17 @@ def test_minibatch_indices_equals_the_scripts_own_with_the_same_random_numbers()
                 for global_rng in (False, True):
                     drawn = {}
                     for side, piece in (("yours", tested), ("own", own)):
-                        torch.manual_seed(seed)
+                        torch.manual_seed(seed if global_rng else 1000 + seed)
                         generator = None if global_rng else torch.Generator().manual_seed(seed)
                         drawn[side] = [piece(num_steps, num_envs, num_minibatches, generator) for _ in range(2)]
                     case = (f"num_steps={num_steps}, num_envs={num_envs}, num_minibatches={num_minibatches}, "
-                            + ("no generator after torch.manual_seed" if global_rng else "a generator") + f" {seed}")
+                            + (f"no generator after torch.manual_seed({seed})" if global_rng else
+                               f"torch.Generator().manual_seed({seed}) after torch.manual_seed({1000 + seed})"))
                     for epoch in range(2):
                         yours, ours = drawn["yours"][epoch], drawn["own"][epoch]
+                        assert isinstance(yours, list), \
+                            f"{script}.minibatch_indices returns a list of {len(ours)} index tensors; yours is " \
+                            f"{type(yours).__name__}, for {case}"
                         assert len(yours) == len(ours) and all(
                             isinstance(a, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b)
                             for a, b in zip(yours, ours)), \

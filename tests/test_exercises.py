@@ -186,13 +186,15 @@ def comparisons_of(sources, tmp_path, monkeypatch):
 def test_right_answers_that_order_the_operations_otherwise_pass_the_comparisons(tmp_path, monkeypatch):
     # tests/exercise_answers.py: float64 GAE, logsumexp in the E-step, a randperm per actor in the replay, ...
     assert set(REORDERED) == {names[0] for _, names, _ in exercises()}
-    failed = {key: error for key, error in comparisons_of({piece: [source] for piece, source in REORDERED.items()},
-                                                          tmp_path, monkeypatch).items() if error is not None}
-    assert not failed, "\n".join(f"{title}: {test}: {error}" for (title, _, test), error in failed.items())
+    sources = {piece: [answers] if isinstance(answers, str) else answers for piece, answers in REORDERED.items()}
+    failed = {key: error for key, error in comparisons_of(sources, tmp_path, monkeypatch).items() if error is not None}
+    assert not failed, "\n".join(f"{title}, right answer {number + 1}: {test}: {error}"
+                                  for (title, number, test), error in failed.items())
 
 
 def test_each_wrong_answer_fails_the_comparison_with_the_scripts_own(tmp_path, monkeypatch):
-    # tests/exercise_answers.py's wrong answers, among them the nine that passed the checks of issue 79
+    # tests/exercise_answers.py's wrong answers, among them the nine that passed the checks of issue 79 and those that
+    # passed an earlier comparison with the script's own
     by_piece = {names[0]: (title, names) for title, names, _ in exercises()}
     assert set(WRONG) == set(by_piece)
     results = comparisons_of({piece: [script_source(by_piece[piece][1], edits, tmp_path) for _, _, edits in answers]
