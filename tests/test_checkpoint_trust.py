@@ -731,12 +731,13 @@ def test_numbers_and_strings_read_are_bounded_where_the_run_can_hold_them(stoppe
 
 def test_each_script_refuses_a_resume_that_no_run_of_it_writes(tmp_path, monkeypatch):
     import ppg_ewma
+    import ppo_ewma_rnn
 
     monkeypatch.chdir(tmp_path)
     for index, (script, args, edit, message) in enumerate([
-        (ppo_ewma, ppo_ewma.Args(**TINY, rnn="gru"), lambda c: c["memory"]["prev_action"].fill_(2),  # CartPole: 0, 1
+        (ppo_ewma_rnn, ppo_ewma_rnn.Args(**TINY, rnn="gru"), lambda c: c["memory"]["prev_action"].fill_(2),  # 0, 1
          r"its memory holds an action outside the action space, which no run's does: it is not this run's\.$"),
-        (ppo_ewma, ppo_ewma.Args(**TINY, rnn="gru"), lambda c: c["memory"]["prev_action"].fill_(1), None),
+        (ppo_ewma_rnn, ppo_ewma_rnn.Args(**TINY, rnn="gru"), lambda c: c["memory"]["prev_action"].fill_(1), None),
         (ppo_ewma, ppo_ewma.Args(**TINY), lambda c: c.update(ewma_weight=0.99), r"its ewma_weight is below 1"),
         (ppo_ewma, ppo_ewma.Args(**TINY), lambda c: c.update(ewma_weight=1.0), None),  # w = 1 after a reset
         (ppg_ewma, ppg_ewma.Args(**{**TINY, "num_envs": 4}, n_pi=2, aux_minibatch_size=64),
