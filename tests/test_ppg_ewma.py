@@ -14,9 +14,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
-from saved_files import read_back
-import harness
 import ppg_ewma
+import resume
 from ppg_ewma import (
     Args, EwmaMoments, apply_batch_divisor, aux_loss, com_to_decay, compute_gae,
     decoupled_clip_loss, span_to_decay, train, update_ewma,
@@ -443,8 +442,8 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     params = [*fresh["policy"].parameters(), *fresh["value_net"].parameters()]
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
-    checkpoints.restore_run(loaded, harness.Saved(fresh, fresh_optimizers, keys={"ewma_weight": 1.0}), envs,
-                            torch.ones(4, 4), torch.ones(4), "--resume", 64, 6, harness.ENV_WALK)
+    resume.restore_run(loaded, harness.Saved(fresh, fresh_optimizers, keys={"ewma_weight": 1.0}), envs,
+                       torch.ones(4, 4), torch.ones(4), "--resume", 64, 6, harness.ENV_WALK)
     assert torch.equal(fresh["policy"].get_pi(obs), policy.get_pi(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
     assert torch.equal(fresh["ewma_policy"].get_pi(obs), ewma_policy.get_pi(obs))

@@ -18,6 +18,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import checkpoints
 import harness
 import ppo_ewma
+import resume
 from saved_files import read_back
 from ppo_ewma import (
     Args, EwmaMoments, apply_batch_divisor, com_to_decay, compute_gae, decay_to_com, decoupled_clip_loss,
@@ -653,8 +654,8 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
                                     optimizers={"optimizer": fresh_optimizer},
                                     normalizers={"reward": fresh_normalizer, "advantages": fresh_moments},
                                     keys={"ewma_weight": 1.0})
-    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 64, 4,
-                                   harness.ENV_WALK)[-1]
+    keys = resume.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 64, 4,
+                              harness.ENV_WALK)[-1]
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
     assert keys["ewma_weight"] == 2.5

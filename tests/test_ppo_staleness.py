@@ -12,9 +12,8 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 import checkpoints
 import harness
-from saved_files import read_back
-import harness
 import ppo_staleness
+import resume
 from ppo_staleness import Args, StaleQueue, decoupled_clip_loss, queue_bytes, select_logps, train
 
 log = math.log
@@ -305,8 +304,8 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     fresh, fresh_normalizer = ppo_staleness.Agent(envs), ppo_staleness.RewardNormalizer(2, 0.99)
     fresh_saved = harness.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters(), lr=5e-4)},
                                     {"reward": fresh_normalizer}, keys={"queued": 0, "trained_steps": 0})
-    keys = checkpoints.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 32, 8,
-                                   harness.ENV_WALK)[-1]
+    keys = resume.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 32, 8,
+                              harness.ENV_WALK)[-1]
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]
