@@ -82,10 +82,8 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
 # ------------------------------------------------------------------- the algorithm: GAE, the loss, the replay memory
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
-    an episode, so nothing is bootstrapped from step t-1 into step t. The inputs are float32 tensors without gradient;
-    the loop runs on NumPy copies of them, from here on under the same names: the same float32 operations, and on a
-    CPU 5x faster than on tensors (2,048 steps: 13 against 65 ms)."""
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
+    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
     device, values_tensor = values.device, values
     rewards, values, dones, next_value, next_done = (x.cpu().numpy() for x in (rewards, values, dones, next_value,
                                                                               next_done))

@@ -1,13 +1,11 @@
 """PPO and PPO-EWMA with batch size-invariance: Hilton, Cobbe & Schulman, "Batch size-invariance for policy
 optimization" (2021).
 
-PPO-EWMA keeps an exponentially-weighted moving average (EWMA) of the policy network's weights and
-uses it as the proximal policy of the decoupled objectives (Sec. 2, Sec. 4, Appendix A, Algorithm 2);
-the behaviour policy, which collected the data, is used only for importance sampling.
-`--batch-divisor c` divides the batch size by c and adjusts the other hyperparameters so that
-training stays (approximately) the same as a function of environment steps (Sec. 3-4). Discrete actions
-(Procgen, CartPole) and continuous ones (a diagonal Gaussian policy: Pendulum, MuJoCo) both work; a recurrent policy
-is ppo_ewma_rnn.py's. "The official code" in the comments is the paper's own, openai/ppo-ewma.
+PPO-EWMA uses an exponentially-weighted moving average (EWMA) of the policy network's weights as the proximal policy
+of the decoupled objectives (Sec. 2, Appendix A, Algorithm 2); the behaviour policy, which collected the data, serves
+only importance sampling. `--batch-divisor c` divides the batch by c and adjusts the other hyperparameters so that
+training stays about the same per environment step (Sec. 3-4). Discrete and continuous (diagonal Gaussian) actions; a
+recurrent policy is ppo_ewma_rnn.py's. "The official code" in the comments is the paper's own, openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
     python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA age and adv-norm span x4; invariant
@@ -60,8 +58,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
-    """minibatches per epoch M: each holds N/M envs' whole trajectories (official layout), so M divides N,
-    or M is a multiple of N that cuts each trajectory into M/N equal time chunks"""
+    """minibatches per epoch M: N/M envs' whole trajectories each (official layout); M > N: M/N time chunks of each"""
     update_epochs: int = 3
     """policy epochs E"""
     learning_rate: float = 5e-4
@@ -79,8 +76,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     clip_coef: float = 0.2
     """clipping parameter epsilon"""
     ent_coef: Optional[float] = None
-    """entropy coefficient; default: 0.01 for discrete actions (the paper), 0 for continuous ones (the PPO paper's
-    MuJoCo setting)"""
+    """entropy coefficient; default: 0.01 for discrete actions (the paper), 0 for Box ones (the PPO paper's MuJoCo)"""
     vf_coef: float = 0.5
     """value function coefficient c_VF (Table 1): the value loss is c_VF * mean((V - V_targ)^2)"""
     norm_reward: bool = True
@@ -96,9 +92,8 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
     ewma_com: Optional[float] = None
-    """centre of mass of the proximal-policy EWMA in gradient steps, 1/(1-beta_prox) - 1; default: 8 for discrete
-    actions (the paper: beta_prox 0.889), three iterations' update-epochs x num-minibatches for continuous ones
-    (docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age)"""
+    """centre of mass of the proximal policy's EWMA in gradient steps, 1/(1-beta_prox) - 1; default: 8 for discrete
+    actions (the paper: beta_prox 0.889), 3 x E x M for Box ones (docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age)"""
     objective: Literal["clip", "kl"] = "clip"
     """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
     kl_coef: float = 1.0
@@ -126,33 +121,27 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     shuffle_samples: bool = False
     """shuffle single samples into minibatches instead of whole env trajectories (not the paper's layout)"""
     norm_obs: Optional[bool] = None
-    """normalize each env's vector observations by running statistics, then clip them to +-10; default: on for
-    continuous actions (as ppo_er.py and vmpo.py), off for discrete ones (the paper feeds Procgen pixels / 255)"""
+    """normalize each env's vector observations by running statistics, then clip to +-10; default: on for Box actions"""
     max_grad_norm: Optional[float] = None
     """clip the gradient's global norm (off: a clipped norm depends on the batch size)"""
     target_kl: Optional[float] = None
-    """skip the iteration's remaining minibatches and epochs from the first minibatch whose k3 estimate of
-    KL[pi_behav || pi], (r - 1) - log r with r = pi/pi_behav, exceeds this before its step (as SB3); off by default"""
+    """end the update before the first step whose minibatch's k3 estimate of KL[pi_behav || pi] exceeds this (SB3)"""
     clip_vloss: bool = False
-    """clip the value loss around the rollout's values: max of the plain and the clipped squared error (PPO2
-    baselines, CleanRL), clip range --clip-coef"""
+    """clip the value loss around the rollout's values by --clip-coef, as PPO2 in OpenAI baselines and CleanRL"""
     lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
-    """multiplies the step size (after --batch-divisor's): constant (the paper); linear to 0 (PPO paper, CleanRL's
-    --anneal-lr); kl-adaptive: skrl's KLAdaptiveLR after every epoch, / 1.5 when the epoch's mean k3 KL to pi_behav
-    exceeds 2 x --lr-kl-target, x 1.5 below half of it, within [1e-6, 1e-2] (torchrun: the workers' mean KL)"""
+    """step size multiplier (after --batch-divisor's): constant (the paper), linear to 0 (the PPO paper, CleanRL) or
+    kl-adaptive: skrl's KLAdaptiveLR after each epoch, from its mean k3 KL to pi_behav (kl_adaptive_lr)"""
     lr_kl_target: float = 0.008
     """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
     noise_scale: bool = False
-    """log charts/grad_noise_scale, the simple noise scale B_simple of the gradient (McCandlish et al., 2018), next
-    to charts/minibatch_size: batch size-invariance is expected while the minibatch is well below B_simple"""
+    """log B_simple, the gradient noise scale (McCandlish et al., 2018): invariance needs minibatches well below it"""
     norm_value: bool = False
-    """skrl's value preprocessor: the value head predicts returns standardized by their running mean and std (updated
-    with each iteration's returns); GAE, the bootstraps and explained variance use the raw values (raw_value)"""
+    """skrl's value preprocessor: the value head predicts returns standardized by their running mean and std; GAE,
+    the bootstraps and explained variance use raw values (raw_value)"""
 
 
 def with_defaults(args: Args) -> Args:
-    """Args with the defaults that depend on the action type filled in where they are None: the paper's for discrete
-    actions, the PPO paper's MuJoCo entropy coefficient 0 and an age measured on MuJoCo (docs/ppo_ewma.md) for Box."""
+    """args with its None defaults filled in: the paper's for discrete actions, ones measured on MuJoCo for Box."""
     if isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box):
         defaults = dict(ent_coef=0.0, ewma_com=3.0 * args.update_epochs * args.num_minibatches, norm_obs=True)
     else:  # the paper's
@@ -161,9 +150,8 @@ def with_defaults(args: Args) -> Args:
 
 
 def apply_batch_divisor(args: Args) -> Args:
-    """The Args a run trains with: the adjustments of Sec. 4 for a batch size divided by c = args.batch_divisor, as
-    a new Args, after with_defaults (the centre of mass that x c applies to). They make training invariant with one
-    policy epoch (E = 1); with more, a warning says so."""
+    """The Args a run trains with: with_defaults, then Sec. 4's adjustments for a batch divided by c = batch_divisor
+    (invariant with one policy epoch, E = 1; with more, a warning says so)."""
     args, c = with_defaults(args), args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
@@ -183,10 +171,8 @@ def apply_batch_divisor(args: Args) -> Args:
 # ------------------------------------------------------------------- the algorithm: losses, GAE, EWMA, normalizers
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
-    an episode, so nothing is bootstrapped from step t-1 into step t. The inputs are float32 tensors without gradient;
-    the loop runs on NumPy copies of them, from here on under the same names: the same float32 operations, and on a
-    CPU 5x faster than on tensors (2,048 steps: 13 against 65 ms)."""
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
+    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
     device, values_tensor = values.device, values
     rewards, values, dones, next_value, next_done = (x.cpu().numpy() for x in (rewards, values, dones, next_value,
                                                                               next_done))
@@ -311,10 +297,8 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode, so R_t = r_t, at t = 0 too) -> the scaled
-        rewards, [T, N], clipped to [-clip, clip]. gather (torchrun): takes this rollout's returns, [T, N] flattened
-        row-major to [T N] (index t * N + n), and gives every worker's concatenated, so that all share one estimate, as
-        the official code's all-reduce."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode, so R_t = r_t) -> the scaled rewards, [T, N].
+        gather (torchrun): this rollout's returns flattened -> every worker's, so that all share one estimate."""
         raw_rewards, raw_dones = rewards.cpu().numpy(), dones.cpu().numpy()  # the loop on NumPy, as compute_gae's
         returns, ret = np.zeros_like(raw_rewards), self.returns.cpu().numpy()
         for t in range(len(raw_rewards)):
@@ -344,8 +328,7 @@ def minibatch_indices(num_steps, num_envs, num_minibatches, generator=None):
 
 
 def epoch_minibatches(args: Args) -> list:
-    """One epoch's minibatches, flat indices into the [T, N] rollout: whole env trajectories (the official
-    layout) or, with --shuffle-samples, single samples."""
+    """One epoch's minibatches of flat indices: whole env trajectories (official layout) or shuffled samples."""
     if args.shuffle_samples:
         return list(torch.randperm(args.num_envs * args.num_steps).chunk(args.num_minibatches))
     return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
@@ -566,11 +549,8 @@ class ImpalaCNN(nn.Module):
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
-        stacks = []
-        for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
-            in_channels = out_channels
-        self.stacks = nn.Sequential(*stacks)
+        sizes = zip((in_channels, *channels[:-1]), channels)  # each stack's input and output channels
+        self.stacks = nn.Sequential(*(ConvSequence(inputs, outputs, res_scale) for inputs, outputs in sizes))
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
@@ -651,12 +631,9 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
 
 
 class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
-    """Each env's observations standardized by its own running mean and variance, then clipped to +-10: the numbers of
-    Gymnasium's per-env NormalizeObservation and a clip, computed once per step over the vector (Gymnasium's vector
-    NormalizeObservation differs: one statistic for all envs). Inside the SAME_STEP autoreset the per-env wrapper
-    updates an ended env on its final observation, then on its new episode's first; so does this, and
-    info["final_obs"] holds the final one normalized, for the bootstrap. obs_rms: each env's statistics, which
-    checkpoints name obs_0 ... obs_{N-1}."""
+    """Each env's observations standardized by its own running mean and variance, then clipped to +-10: Gymnasium's
+    per-env NormalizeObservation, once per step over the vector. An ended env is updated on its final observation (in
+    info["final_obs"], for the bootstrap), then its next episode's first. obs_rms: checkpoints name them obs_0 ..."""
 
     def __init__(self, envs, epsilon=1e-8, clip=10.0):
         super().__init__(envs)
@@ -757,8 +734,7 @@ def sample_actions(pi, continuous=False, nvec=None, mode=False):
 
 
 def env_actions(action_space, device):
-    """action -> what the envs take, NumPy: a Box action clipped to its bounds (its log-probability is the sampled
-    action's)."""
+    """action -> what the envs take, NumPy: a Box action clipped to its bounds (its log-prob is the sampled one's)."""
     if not isinstance(action_space, gym.spaces.Box):
         return lambda action: action.cpu().numpy()
     low, high = (torch.as_tensor(bound, device=device) for bound in (action_space.low, action_space.high))
@@ -783,7 +759,7 @@ def raw_value(value, moments):
 
 def past_target_kl(kl, target_kl) -> bool:
     """--target-kl (as SB3): whether the k3 estimate of KL[pi_behav || pi] before a step is past the target, so that
-    the step and the rest of the update are skipped (torchrun: the workers' mean, so that all skip alike). Off: never."""
+    the rest of the update is skipped (torchrun: the workers' mean, so that all skip alike). Off: never."""
     return target_kl is not None and bool(harness.mean_over_workers(kl) > target_kl)
 
 

@@ -132,10 +132,8 @@ def with_defaults(args: Args) -> Args:
 # ------------------------------------------------------------- the algorithm: GAE, E-step, M-step, PopArt (Sec. 4)
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1 when the step that produced obs t ended
-    an episode, so nothing is bootstrapped from step t-1 into step t. The inputs are float32 tensors without gradient;
-    the loop runs on NumPy copies of them, from here on under the same names: the same float32 operations, and on a
-    CPU 5x faster than on tensors (2,048 steps: 13 against 65 ms)."""
+    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
+    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
     device, values_tensor = values.device, values
     rewards, values, dones, next_value, next_done = (x.cpu().numpy() for x in (rewards, values, dones, next_value,
                                                                               next_done))
@@ -505,11 +503,8 @@ class ImpalaCNN(nn.Module):
         # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
         # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
         res_scale = (2 * len(channels)) ** -0.25
-        stacks = []
-        for out_channels in channels:
-            stacks.append(ConvSequence(in_channels, out_channels, res_scale))
-            in_channels = out_channels
-        self.stacks = nn.Sequential(*stacks)
+        sizes = zip((in_channels, *channels[:-1]), channels)  # each stack's input and output channels
+        self.stacks = nn.Sequential(*(ConvSequence(inputs, outputs, res_scale) for inputs, outputs in sizes))
         self.fc = normed_init(nn.Linear(channels[-1] * 8 * 8, 256), 1.4)
 
     def forward(self, obs):
