@@ -57,4 +57,5 @@ def test_a_changed_copy_is_caught_and_shown():
     sources = {script: source(script, "compute_gae") for script in COPIES["compute_gae"]}
     sources["vmpo"] = sources["vmpo"].replace("gamma * gae_lambda", "gae_lambda * gamma")  # the same number, but not
     diff = differences(sources)  # the same text: exactly what a diff of two scripts would show
-    assert diff.startswith("--- ppo_ewma\n+++ vmpo\n") and "+        last_gae = delta + gae_lambda * gamma" in diff
+    assert diff.startswith("--- ppo_ewma\n+++ vmpo\n")
+    assert "+        last_gae = advantages[t] = delta + gae_lambda * gamma" in diff
