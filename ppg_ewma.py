@@ -356,10 +356,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
             values = value_net(mb_obs)
             loss = aux_loss(new_logits, mb_old_logits, aux_values, values, mb_returns, beta_clone)
             harness.check_finite(iteration, aux_loss=loss)
-            optimizer.zero_grad()
-            loss.backward()
-            harness.average_gradients(policy, value_net)  # torchrun: each worker's minibatch is from its own buffer
-            optimizer.step()
+            gradient_step(optimizer, loss, policy, value_net)  # torchrun: each worker's minibatch from its own buffer
 
             with torch.no_grad():
                 clone_kl = categorical_kl(mb_old_logits, new_logits).mean().item()
@@ -369,6 +366,19 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
                 if epoch == aux_epochs - 1:  # last epoch's KL[old || new]: how far the phase moved pi
                     stats["aux_kl_moved"].append(clone_kl)
     return {k: float(np.mean(v)) if v else 0.0 for k, v in stats.items()}
+
+
+def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
+    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
+    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    optimizer.zero_grad()
+    loss.backward()
+    if noise_scale is not None:
+        noise_scale.add(*modules)
+    harness.average_gradients(*modules)  # torchrun: the mean over the workers; one process: nothing
+    if max_grad_norm is not None:
+        nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
+    optimizer.step()
 
 
 # ------------------------------------------------------------------------------------------------------ training
@@ -518,14 +528,7 @@ def train(args: Args) -> dict:
                 harness.check_finite(iteration, policy_loss=pg_loss, entropy=entropy_loss)
 
                 # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
-                optimizer.zero_grad()
-                loss.backward()
-                if noise_scale is not None:  # --noise-scale: this minibatch's own gradient (torchrun: this worker's)
-                    noise_scale.add(policy)
-                harness.average_gradients(policy)  # torchrun: the mean over the workers; one process: nothing
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(policy.parameters(), args.max_grad_norm)
-                optimizer.step()
+                gradient_step(optimizer, loss, policy, max_grad_norm=args.max_grad_norm, noise_scale=noise_scale)
                 if ewma_policy is not None:  # PPG-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
 
@@ -550,12 +553,7 @@ def train(args: Args) -> dict:
             for mb_inds in epoch_minibatches(args):
                 v_loss = value_loss(value_net(b_obs[mb_inds].to(device)), b_returns[mb_inds])
                 harness.check_finite(iteration, value_loss=v_loss)
-                optimizer.zero_grad()
-                (args.vf_coef * v_loss).backward()
-                harness.average_gradients(value_net)
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(value_net.parameters(), args.max_grad_norm)
-                optimizer.step()
+                gradient_step(optimizer, args.vf_coef * v_loss, value_net, max_grad_norm=args.max_grad_norm)
                 stats["value_loss"].append(v_loss.detach())
 
         # auxiliary phase, after N_pi policy iterations: distil V_targ into the policy network's aux head
@@ -740,9 +738,8 @@ def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
 
 class GradientNoiseScale:
     """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
-    minibatch gradients (B_small) and their mean (B_big: the epoch) give one estimate of both parts, averaged over the
-    iteration's epochs and smoothed by an EWMA over iterations before the ratio is taken, as McCandlish et al.
-    recommend; the ratio is nan while the EWMA of |G|^2 (often negative near a stationary point) is not positive."""
+    minibatch gradients (B_small) and their mean (B_big) give one estimate of both parts; their EWMAs over iterations
+    give the ratio (McCandlish et al.), nan while the EWMA of |G|^2 (often negative near a stationary point) is <= 0."""
 
     def __init__(self, decay=0.9):
         self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0

@@ -328,13 +328,25 @@ def epoch_minibatches(args: Args) -> list:
     return minibatch_indices(args.num_steps, args.num_envs, args.num_minibatches)
 
 
+def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
+    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
+    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    optimizer.zero_grad()
+    loss.backward()
+    if noise_scale is not None:
+        noise_scale.add(*modules)
+    harness.average_gradients(*modules)  # torchrun: the mean over the workers; one process: nothing
+    if max_grad_norm is not None:
+        nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
+    optimizer.step()
+
+
 # ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:  # play a saved policy instead (evaluation.py)
         return harness.evaluate(args, SCRIPT)
     flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
-    # the hyperparameters the run trains with: the defaults that depend on the action type, then Sec. 4's adjustments
-    # for a batch divided by c = --batch-divisor (apply_batch_divisor; checkpoints keep the flags they came from)
+    # the hyperparameters the run trains with (apply_batch_divisor); checkpoints keep the flags they came from
     args = apply_batch_divisor(flags)
 
     batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
@@ -347,8 +359,7 @@ def train(args: Args) -> dict:
 
     agent = Agent(envs, args.bf16).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
-    # PPO-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
-    # (Appendix A), theta_prox = theta at the start
+    # PPO-EWMA: the proximal policy's weights theta_prox <- theta, an EWMA with decay beta_prox and weight w = 1
     ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None
     ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
@@ -364,7 +375,7 @@ def train(args: Args) -> dict:
     obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
-    actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float32 if continuous else torch.long, device=device)
+    actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float if continuous else torch.long, device=device)
     behav_pis = torch.zeros(rollout_shape + (agent.pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
@@ -397,8 +408,7 @@ def train(args: Args) -> dict:
             actions[step], behav_pis[step] = action, step_pi
             next_obs_np, reward, terminated, truncated, info = envs.step(to_env(action))
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
-            # time-limit truncation is not termination: gamma * V(final obs) is kept apart in `bootstraps`, already in
-            # scaled units, and added to the scaled reward below
+            # time-limit truncation is not termination: gamma V(final obs), scaled units, goes to the scaled reward
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
@@ -409,8 +419,7 @@ def train(args: Args) -> dict:
             run.after_step(global_step, info)  # finished episodes, progress
         run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
-        # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all
-        # workers); the bootstrap V is already in scaled units
+        # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all workers)
         with torch.no_grad():
             next_value = raw_value(agent.get_value(next_obs), value_moments)
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
@@ -435,8 +444,7 @@ def train(args: Args) -> dict:
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
             epoch_kls = []  # k3 estimates of KL[pi_behav || pi] before each step
             for mb_inds in epoch_minibatches(args):
-                # the minibatch, and its pi_prox: the EWMA network's policy (PPO-EWMA), without gradient and on the
-                # CPU 64 frames at a time (the same numbers as one pass), or pi_behav (PPO)
+                # the minibatch, and its pi_prox: the EWMA network's policy, without gradient (PPO-EWMA), or pi_behav
                 mb_inds = mb_inds.to(device)
                 mb_obs, mb_actions, mb_behav_logp = b_obs[mb_inds], b_actions[mb_inds], b_behav_logps[mb_inds]
                 if ewma_agent is not None:
@@ -444,27 +452,18 @@ def train(args: Args) -> dict:
                     prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous, nvec)[0]
                 else:
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
-                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1),
-                # with pi and V under theta
+                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy, under theta
                 loss, pg_loss, v_loss, entropy_loss, new_logp = minibatch_loss(
                     agent, args, mb_obs, mb_actions, b_advantages[mb_inds], mb_behav_logp, prox_pi, prox_logp,
                     v_old[mb_inds], v_targets[mb_inds])
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
                 behav_logratio = (new_logp - mb_behav_logp).detach()  # k3 of KL[pi_behav || pi] before the step
                 epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
-                over_target_kl = past_target_kl(epoch_kls[-1], args.target_kl)  # --target-kl: skip the rest
-                if over_target_kl:
+                if over_target_kl := past_target_kl(epoch_kls[-1], args.target_kl):  # --target-kl: skip the rest
                     break
 
                 # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
-                optimizer.zero_grad()
-                loss.backward()
-                if noise_scale is not None:  # --noise-scale: this minibatch's own gradient (torchrun: this worker's)
-                    noise_scale.add(agent)
-                harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
-                if args.max_grad_norm is not None:  # --max-grad-norm
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                gradient_step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm, noise_scale=noise_scale)
                 gradient_steps += 1
                 if ewma_agent is not None:  # PPO-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
@@ -562,9 +561,8 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 
 class Agent(nn.Module):
     """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
-    Continuous actions, as in the PPO paper: separate 64-64 tanh MLPs for a diagonal Gaussian's mean and the value, and
-    a state-independent log-std. pi, [B, pi_size]: logits (MultiDiscrete: each sub-action's side by side), or the mean
-    and log-std side by side."""
+    Box actions, as in the PPO paper: 64-64 tanh MLPs for a Gaussian's mean and for the value, a state-independent
+    log-std. pi, [B, pi_size]: logits (MultiDiscrete: each sub-action's side by side), or the mean and the log-std."""
 
     def __init__(self, envs, bf16=False):
         super().__init__()
@@ -572,11 +570,9 @@ class Agent(nn.Module):
         self.continuous = isinstance(action_space, gym.spaces.Box)
         multi = isinstance(action_space, gym.spaces.MultiDiscrete)
         self.nvec = action_space.nvec.tolist() if multi else None  # MultiDiscrete: each sub-action's number of values
-        num_outputs = int(np.prod(action_space.shape)) if self.continuous else sum(self.nvec) if multi else \
-            action_space.n
-        self.pi_size = 2 * num_outputs if self.continuous else num_outputs
+        num_outputs = int(np.prod(action_space.shape)) if self.continuous else sum(self.nvec or [action_space.n])
+        self.pi_size, obs_dim = 2 * num_outputs if self.continuous else num_outputs, int(np.prod(obs_shape))
         if self.continuous:
-            obs_dim = int(np.prod(obs_shape))
             self.actor_mean, self.critic = mlp(obs_dim, num_outputs, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
             self.actor_log_std = nn.Parameter(torch.zeros(num_outputs))  # log sigma, one per action dim
         elif len(obs_shape) == 3:  # official heads: normed init with scale 0.1
@@ -584,9 +580,8 @@ class Agent(nn.Module):
             self.actor, self.critic = normed_init(nn.Linear(256, num_outputs), 0.1), normed_init(nn.Linear(256, 1), 0.1)
             self.to(memory_format=torch.channels_last)  # about 1.8x faster convolutions on CPU
         else:  # an MLP torso of CleanRL's sizes and init, shared by both heads
-            self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh(),
-            )
+            self.torso = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(),
+                                       layer_init(nn.Linear(64, 64)), nn.Tanh())
             self.actor = layer_init(nn.Linear(64, num_outputs), std=0.01)
             self.critic = layer_init(nn.Linear(64, 1), std=1.0)
 
@@ -694,9 +689,8 @@ def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
 
 
 def policy_log_prob_and_entropy(pi, actions, continuous=False, nvec=None):
-    """log pi(a|s) of `actions` and the entropy, both [B]; pi [B, P]: categorical logits, or Gaussian mean and
-    log-std side by side. MultiDiscrete (nvec: each sub-action's number of values): the sub-actions' logits side by
-    side, one independent categorical each, so that their log-probs and entropies add; actions [B, K]."""
+    """log pi(a|s) of `actions` and the entropy, both [B]; pi [B, P]: categorical logits, or Gaussian mean and log-std.
+    MultiDiscrete (nvec: each sub-action's number of values): independent categoricals, terms added; actions [B, K]."""
     if continuous:
         mean, log_std = pi.chunk(2, dim=-1)
         return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
@@ -783,9 +777,8 @@ def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
 
 class GradientNoiseScale:
     """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
-    minibatch gradients (B_small) and their mean (B_big: the epoch) give one estimate of both parts, averaged over the
-    iteration's epochs and smoothed by an EWMA over iterations before the ratio is taken, as McCandlish et al.
-    recommend; the ratio is nan while the EWMA of |G|^2 (often negative near a stationary point) is not positive."""
+    minibatch gradients (B_small) and their mean (B_big) give one estimate of both parts; their EWMAs over iterations
+    give the ratio (McCandlish et al.), nan while the EWMA of |G|^2 (often negative near a stationary point) is <= 0."""
 
     def __init__(self, decay=0.9):
         self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
@@ -873,13 +866,11 @@ def check_args(args: Args, observation_space, action_space) -> None:
     if args.norm_obs and len(observation_space.shape) != 1:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
-    # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return,
-    # scaled reward
-    continuous = isinstance(action_space, gym.spaces.Box)
+    # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return, ...
+    continuous, multi = isinstance(action_space, gym.spaces.Box), isinstance(action_space, gym.spaces.MultiDiscrete)
     obs_bytes = math.prod(observation_space.shape) * (1 if observation_space.dtype == np.uint8 else 4)
     action_bytes = (4 if continuous else 8) * math.prod(action_space.shape)  # a Discrete's shape is ()
-    multi = isinstance(action_space, gym.spaces.MultiDiscrete)
-    pi_floats = 3 * math.prod(action_space.shape) if continuous else int(action_space.nvec.sum()) if multi else \
+    pi_floats = 3 * math.prod(action_space.shape) if continuous else int(sum(action_space.nvec)) if multi else \
         action_space.n
     sample_bytes = obs_bytes + action_bytes + 4 * (pi_floats + 7)
     harness.check_memory(args.num_envs * args.num_steps * sample_bytes, args.cuda, "The rollout buffers",
@@ -887,15 +878,14 @@ def check_args(args: Args, observation_space, action_space) -> None:
 
 
 def warn_about_settings(args: Args, continuous: bool) -> None:
-    """Warn where a setting undoes --batch-divisor's adjustments or, for continuous actions, where the EWMA is
-    younger than the ages measured to hold on MuJoCo."""
-    if args.batch_divisor != 1:
-        if args.update_epochs > 1:
-            print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
-                  f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
-        if args.lr_schedule == "kl-adaptive":
-            print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
-                  "size, and so undoes the batch divisor's step-size adjustment.")
+    """Warn where a setting undoes --batch-divisor's adjustments, or where a Box policy's EWMA is younger than the ages
+    measured to hold on MuJoCo."""
+    if args.batch_divisor != 1 and args.update_epochs > 1:
+        print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
+              f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
+    if args.batch_divisor != 1 and args.lr_schedule == "kl-adaptive":
+        print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
+              "size, and so undoes the batch divisor's step-size adjustment.")
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")

@@ -318,13 +318,25 @@ def minibatch_envs(num_steps, num_envs, num_minibatches) -> list:
     return [inds.view(-1, num_steps)[:, 0] for inds in minibatch_indices(num_steps, num_envs, num_minibatches)]
 
 
+def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
+    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
+    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    optimizer.zero_grad()
+    loss.backward()
+    if noise_scale is not None:
+        noise_scale.add(*modules)
+    harness.average_gradients(*modules)  # torchrun: the mean over the workers; one process: nothing
+    if max_grad_norm is not None:
+        nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
+    optimizer.step()
+
+
 # ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:  # play a saved policy instead (evaluation.py)
         return harness.evaluate(args, SCRIPT)
     flags, checkpoint = harness.run_flags(args, SCRIPT)  # each checked; with --resume, the checkpoint's
-    # the hyperparameters the run trains with: the defaults that depend on the action type, then Sec. 4's adjustments
-    # for a batch divided by c = --batch-divisor (apply_batch_divisor; checkpoints keep the flags they came from)
+    # the hyperparameters the run trains with (apply_batch_divisor); checkpoints keep the flags they came from
     args = apply_batch_divisor(flags)
 
     batch_size = args.num_envs * args.num_steps  # N x T, over all torchrun workers
@@ -336,8 +348,7 @@ def train(args: Args) -> dict:
 
     agent = Agent(envs, args.bf16, args.rnn).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
-    # PPO-EWMA: the proximal policy's weights theta_prox, an EWMA of theta with decay beta_prox and total weight w
-    # (Appendix A), theta_prox = theta at the start
+    # PPO-EWMA: the proximal policy's weights theta_prox <- theta, an EWMA with decay beta_prox and weight w = 1
     ewma_agent = copy.deepcopy(agent).requires_grad_(False) if args.ewma else None
     ewma_decay, ewma_weight = com_to_decay(args.ewma_com), 1.0
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=args.adam_eps,
@@ -352,7 +363,7 @@ def train(args: Args) -> dict:
     obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
-    actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float32 if continuous else torch.long, device=device)
+    actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float if continuous else torch.long, device=device)
     behav_pis = torch.zeros(rollout_shape + (agent.pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
     rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
@@ -407,8 +418,7 @@ def train(args: Args) -> dict:
             run.after_step(global_step, info)  # finished episodes, progress
         run.end_rollout()  # the rollout's episodes to TensorBoard (torchrun: all workers')
 
-        # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all
-        # workers); the bootstrap V is already in scaled units
+        # advantages: GAE on rewards scaled once per rollout, as officially (torchrun: one estimate over all workers)
         with torch.no_grad():
             next_value = raw_value(agent.step(next_obs, next_done, **memory)[1], value_moments)
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
@@ -446,25 +456,18 @@ def train(args: Args) -> dict:
                     prox_logp = policy_log_prob_and_entropy(prox_pi, mb_actions, continuous)[0]
                 else:
                     prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
-                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1),
-                # with pi and V under theta
+                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy, under theta
                 loss, pg_loss, v_loss, entropy_loss, new_logp = minibatch_loss(
                     agent, args, unrolls, mb_actions, b_advantages[mb_inds], mb_behav_logp, prox_pi, prox_logp,
                     v_old[mb_inds], v_targets[mb_inds])
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
                 behav_logratio = (new_logp - mb_behav_logp).detach()  # k3 of KL[pi_behav || pi] before the step
                 epoch_kls.append(((behav_logratio.exp() - 1) - behav_logratio).mean())
-                over_target_kl = past_target_kl(epoch_kls[-1], args.target_kl)  # --target-kl: skip the rest
-                if over_target_kl:
+                if over_target_kl := past_target_kl(epoch_kls[-1], args.target_kl):  # --target-kl: skip the rest
                     break
 
                 # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
-                optimizer.zero_grad()
-                loss.backward()
-                harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
-                if args.max_grad_norm is not None:  # --max-grad-norm
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                gradient_step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm)
                 gradient_steps += 1
                 if ewma_agent is not None:  # PPO-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_agent, agent, ewma_weight, ewma_decay)
@@ -850,15 +853,14 @@ def check_args(args: Args, observation_space, action_space) -> None:
 
 
 def warn_about_settings(args: Args, continuous: bool) -> None:
-    """Warn where a setting undoes --batch-divisor's adjustments or, for continuous actions, where the EWMA is
-    younger than the ages measured to hold on MuJoCo."""
-    if args.batch_divisor != 1:
-        if args.update_epochs > 1:
-            print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
-                  f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
-        if args.lr_schedule == "kl-adaptive":
-            print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
-                  "size, and so undoes the batch divisor's step-size adjustment.")
+    """Warn where a setting undoes --batch-divisor's adjustments, or where a Box policy's EWMA is younger than the ages
+    measured to hold on MuJoCo."""
+    if args.batch_divisor != 1 and args.update_epochs > 1:
+        print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
+              f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
+    if args.batch_divisor != 1 and args.lr_schedule == "kl-adaptive":
+        print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
+              "size, and so undoes the batch divisor's step-size adjustment.")
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")

@@ -225,6 +225,19 @@ class Rollout(NamedTuple):
     next_done: torch.Tensor  # [N]
 
 
+def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
+    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
+    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    optimizer.zero_grad()
+    loss.backward()
+    if noise_scale is not None:
+        noise_scale.add(*modules)
+    harness.average_gradients(*modules)  # torchrun: the mean over the workers; one process: nothing
+    if max_grad_norm is not None:
+        nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
+    optimizer.step()
+
+
 # ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
@@ -352,12 +365,7 @@ def train(args: Args) -> dict:
                 harness.check_finite(iteration, policy_loss=pg_loss, value_loss=v_loss, entropy=entropy_loss)
 
                 # one Adam step on theta (torchrun: on the workers' mean gradient)
-                optimizer.zero_grad()
-                loss.backward()
-                harness.average_gradients(agent)  # torchrun: the mean over the workers; one process: nothing
-                if args.max_grad_norm is not None:
-                    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-                optimizer.step()
+                gradient_step(optimizer, loss, agent, max_grad_norm=args.max_grad_norm)
 
                 # statistics, averaged over the iteration's minibatches
                 with torch.no_grad():

@@ -249,6 +249,19 @@ class PopArt(nn.Module):
         self.linear.bias.mul_(sigma_old).add_(mu_old - self.mu).div_(sigma)
 
 
+def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
+    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
+    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    optimizer.zero_grad()
+    loss.backward()
+    if noise_scale is not None:
+        noise_scale.add(*modules)
+    harness.average_gradients(*modules)  # torchrun: the mean over the workers; one process: nothing
+    if max_grad_norm is not None:
+        nn.utils.clip_grad_norm_([p for module in modules for p in module.parameters()], max_grad_norm)
+    optimizer.step()
+
+
 # ------------------------------------------------------------------------------------------------------ training
 def train(args: Args) -> dict:
     if args.eval_checkpoint is not None:
@@ -405,10 +418,7 @@ def train(args: Args) -> dict:
                 harness.check_finite(iteration, **parts)
 
                 # one Adam step on Eq. 10's loss, eta and alpha >= 1e-8; theta_target <- theta_online every T_target
-                optimizer.zero_grad()
-                loss.backward()
-                harness.average_gradients(agent, multipliers)  # torchrun: the mean over the workers
-                optimizer.step()
+                gradient_step(optimizer, loss, agent, multipliers)
                 project_multipliers(multipliers.values())
                 learning_steps += 1
                 if learning_steps % target_period == 0:  # theta_target <- theta_online every T_target steps

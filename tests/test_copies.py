@@ -1,7 +1,7 @@
 """The intended copies hold: the project keeps the pieces several scripts share (GAE, the IMPALA CNN and its init, the
-shared losses, the minibatch layout, the reward normalizer, layer_init, the gradient noise scale, the recurrent core, all
-that ppo_ewma_rnn.py takes from ppo_ewma.py) written the same way in every script that has them, so that a diff of two
-scripts shows only their algorithmic difference and each still copies out alone."""
+shared losses, the minibatch layout, the reward normalizer, layer_init, the gradient step, the gradient noise scale,
+the recurrent core, all that ppo_ewma_rnn.py takes from ppo_ewma.py) written the same way in every script that has
+them, so that a diff of two scripts shows only their algorithmic difference and each still copies out alone."""
 import difflib
 import importlib
 import inspect
@@ -13,7 +13,7 @@ BSI = ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness")  # the batch siz
 IMAGES = (*BSI, "vmpo")  # the scripts with the IMPALA CNN
 EWMA = ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma")  # the scripts with the proximal policy's EWMA
 COPIES = {  # a function or class -> the scripts that hold a copy of it
-    "compute_gae": (*IMAGES, "ppo_er"), "layer_init": (*IMAGES, "ppo_er"),
+    "compute_gae": (*IMAGES, "ppo_er"), "layer_init": (*IMAGES, "ppo_er"), "gradient_step": (*IMAGES, "ppo_er"),
     **{name: IMAGES for name in ("normed_init", "ResidualBlock", "ConvSequence", "ImpalaCNN",
                                  "categorical_log_prob_and_entropy",
                                  "categorical_kl")},
