@@ -191,10 +191,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A) with r_t = pi/pi_prox
-    and r_prox = pi_prox/pi_behav: since r_prox > 0 and r_prox r_t = pi/pi_behav, that is
-    -min((pi/pi_behav) A, r_prox clip(r_t) A). All inputs [B]; only new_logp carries gradient. With prox_logp ==
-    behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A), r_t = pi/pi_prox and
+    r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
+    All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
     prox_logp = prox_logp.detach()
     # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
     # both terms' weight by the same factor; the gradient still flows through pi
@@ -253,8 +252,7 @@ class EwmaMoments:
     """EWMA estimates of a stream's mean and std, each batch weighted by its size."""
 
     def __init__(self, decay):
-        self.decay = decay
-        self.weight = self.sum = self.sum_sq = 0.0
+        self.decay, self.weight, self.sum, self.sum_sq = decay, 0.0, 0.0, 0.0
 
     def update(self, x):
         n, batch_mean, batch_var = x.numel(), x.mean().item(), x.var(unbiased=False).item()
@@ -275,9 +273,8 @@ class EwmaMoments:
 
 
 class RewardNormalizer:
-    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted. R_t =
-    r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts; Var[R] is a running
-    estimate over every R seen, updated once per rollout with all its N x T values."""
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted; R_t = r_t +
+    gamma R_{t-1}, each env's discounted return restarted at episode starts, Var[R] over every R, once per rollout."""
 
     def __init__(self, num_envs, gamma, clip=10.0):
         self.gamma, self.clip = gamma, clip
@@ -630,9 +627,8 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
-    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
-    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32. --bf16: convolutions and the dense
+    layer in bfloat16 under autocast (float32 weights), each pass on the CPU, those with gradient on a GPU."""
 
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()

@@ -16,7 +16,6 @@ import copy
 import dataclasses
 import math
 from collections import defaultdict
-from dataclasses import dataclass
 from typing import Literal, Optional
 
 import gymnasium as gym
@@ -29,7 +28,7 @@ from gymnasium.wrappers.utils import RunningMeanStd
 import harness
 
 
-@dataclass
+@dataclasses.dataclass
 class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
@@ -123,13 +122,11 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     clip_vloss: bool = False
     """clip the value loss around the rollout's values by --clip-coef, as PPO2 in OpenAI baselines and CleanRL"""
     lr_schedule: Literal["constant", "linear", "kl-adaptive"] = "constant"
-    """step size multiplier (after --batch-divisor's): constant (the paper), linear to 0 (the PPO paper, CleanRL) or
-    kl-adaptive: skrl's KLAdaptiveLR after each epoch, from its mean k3 KL to pi_behav (kl_adaptive_lr)"""
+    """step size multiplier after --batch-divisor's: constant (the paper), linear to 0 (PPO) or kl-adaptive (skrl's)"""
     lr_kl_target: float = 0.008
     """KL target of --lr-schedule kl-adaptive (skrl's kl_threshold default)"""
     norm_value: bool = False
-    """skrl's value preprocessor: the value head predicts returns standardized by their running mean and std; GAE,
-    the bootstraps and explained variance use raw values (raw_value)"""
+    """skrl's value preprocessor: the value head predicts standardized returns; GAE and bootstraps use raw_value's"""
 
 
 def with_defaults(args: Args) -> Args:
@@ -142,8 +139,7 @@ def with_defaults(args: Args) -> Args:
 
 
 def apply_batch_divisor(args: Args) -> Args:
-    """The Args a run trains with: with_defaults, then Sec. 4's adjustments for a batch divided by c = batch_divisor
-    (invariant with one policy epoch, E = 1; with more, a warning says so)."""
+    """The Args a run trains with: with_defaults, then Sec. 4's adjustments for a batch divided by c = batch_divisor."""
     args, c = with_defaults(args), args.batch_divisor
     if c < 1 or args.num_envs % c != 0:
         raise SystemExit(f"--batch-divisor {c} must be a positive divisor of --num-envs {args.num_envs}.")
@@ -155,8 +151,7 @@ def apply_batch_divisor(args: Args) -> Args:
     if args.adjust_adv_norm:
         changes["adv_norm_span"] = args.adv_norm_span * c
     if args.adjust_adam_betas:
-        changes["adam_beta1"] = args.adam_beta1 ** (1 / c)
-        changes["adam_beta2"] = args.adam_beta2 ** (1 / c)
+        changes.update(adam_beta1=args.adam_beta1 ** (1 / c), adam_beta2=args.adam_beta2 ** (1 / c))
     return dataclasses.replace(args, **changes)
 
 
@@ -178,10 +173,9 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 
 
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
-    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A) with r_t = pi/pi_prox
-    and r_prox = pi_prox/pi_behav: since r_prox > 0 and r_prox r_t = pi/pi_behav, that is
-    -min((pi/pi_behav) A, r_prox clip(r_t) A). All inputs [B]; only new_logp carries gradient. With prox_logp ==
-    behav_logp (r_prox = 1) this is PPO's loss wherever the cap below does not bind."""
+    """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A), r_t = pi/pi_prox and
+    r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
+    All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
     prox_logp = prox_logp.detach()
     # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
     # both terms' weight by the same factor; the gradient still flows through pi
@@ -251,8 +245,7 @@ class EwmaMoments:
     """EWMA estimates of a stream's mean and std, each batch weighted by its size."""
 
     def __init__(self, decay):
-        self.decay = decay
-        self.weight = self.sum = self.sum_sq = 0.0
+        self.decay, self.weight, self.sum, self.sum_sq = decay, 0.0, 0.0, 0.0
 
     def update(self, x):
         n, batch_mean, batch_var = x.numel(), x.mean().item(), x.var(unbiased=False).item()
@@ -273,9 +266,8 @@ class EwmaMoments:
 
 
 class RewardNormalizer:
-    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted. R_t =
-    r_t + gamma R_{t-1} is each env's discounted sum of past rewards, restarted at episode starts; Var[R] is a running
-    estimate over every R seen, updated once per rollout with all its N x T values."""
+    """The official code's reward scaling: r / sqrt(Var[R] + 1e-8), clipped to +-clip, mean not subtracted; R_t = r_t +
+    gamma R_{t-1}, each env's discounted return restarted at episode starts, Var[R] over every R, once per rollout."""
 
     def __init__(self, num_envs, gamma, clip=10.0):
         self.gamma, self.clip = gamma, clip
@@ -343,8 +335,7 @@ def train(args: Args) -> dict:
     num_iterations = math.ceil(args.total_timesteps / batch_size)  # the last one may run past --total-timesteps
     run = harness.start(SCRIPT, args, checkpoint, num_iterations, flags)  # checks, torchrun workers, seeds, device
     envs = run.open(make_env(run.args, run.render_mode))  # made after the seeding; then run dir, logs, start-up
-    # run.args: args in one process; under torchrun this worker's share, N / W envs and a seed of its own
-    args, device, writer = run.args, run.device, run.writer
+    args, device, writer = run.args, run.device, run.writer  # run.args under torchrun: this worker's share, N / W envs
 
     agent = Agent(envs, args.bf16, args.rnn).to(device)
     harness.broadcast_weights(agent)  # torchrun: every worker starts from rank 0's weights
@@ -369,8 +360,7 @@ def train(args: Args) -> dict:
     bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
     prev_actions, prev_rewards = torch.zeros_like(actions), torch.zeros(rollout_shape, device=device)
 
-    next_obs, _ = envs.reset(seed=args.seed)
-    next_obs = torch.as_tensor(next_obs, dtype=obs_dtype, device=device)
+    next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
     # what the acting network carries from step to step: its core state, its last action and the last raw reward
     memory = agent.core.initial_memory(args.num_envs, device)
@@ -533,9 +523,8 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
-    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
-    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32. --bf16: convolutions and the dense
+    layer in bfloat16 under autocast (float32 weights), each pass on the CPU, those with gradient on a GPU."""
 
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
@@ -644,9 +633,8 @@ class Agent(nn.Module):
 
 # --------------------------------------------------------------------------------------------------- environment
 def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
-    """The N envs, recording raw-score episode statistics (train() scales the rewards: RewardNormalizer). Each env
-    resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
-    new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
+    """The N envs, recording raw-score episode statistics. SAME_STEP autoreset (as Procgen's): a step that ends an
+    episode returns the next one's first observation, and in info["final_obs"] the ended one's last (to bootstrap)."""
     if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
         envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:
@@ -675,8 +663,7 @@ class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
     def normalized(self, i, obs):
         rms = self.obs_rms[i]
         if self.update_running_mean:
-            # RunningMeanStd.update(obs[None]) written out: Chan et al.'s merge of a sample of one (its mean obs, its
-            # variance 0) with the same float operations, 4x faster
+            # RunningMeanStd.update(obs[None]) written out, a sample of one: the same float operations, 4x faster
             delta, count = obs - rms.mean, rms.count + 1
             rms.var = (rms.var * rms.count + np.square(delta) * rms.count / count) / count
             rms.mean, rms.count = rms.mean + delta / count, count
@@ -789,9 +776,7 @@ def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, l
     """skrl's KLAdaptiveLR rule, with its defaults: the step size after an epoch whose mean KL was `kl`."""
     if kl > kl_target * kl_factor:
         return max(lr / lr_factor, min_lr)
-    if kl < kl_target / kl_factor:
-        return min(lr * lr_factor, max_lr)
-    return lr
+    return min(lr * lr_factor, max_lr) if kl < kl_target / kl_factor else lr
 
 
 # ---------------------------------------------------------------------------------------- what train() logs
@@ -853,8 +838,7 @@ def check_args(args: Args, observation_space, action_space) -> None:
 
 
 def warn_about_settings(args: Args, continuous: bool) -> None:
-    """Warn where a setting undoes --batch-divisor's adjustments, or where a Box policy's EWMA is younger than the ages
-    measured to hold on MuJoCo."""
+    """Warn where a setting undoes --batch-divisor's adjustments, or where a Box policy's EWMA is too young."""
     if args.batch_divisor != 1 and args.update_epochs > 1:
         print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
               f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")

@@ -497,9 +497,8 @@ class ConvSequence(nn.Module):
 
 
 class ImpalaCNN(nn.Module):
-    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32 features. With bf16 (--bf16) its
-    convolutions and dense layer run in bfloat16 under autocast, the weights staying float32: every pass on the CPU,
-    the passes with gradient on a GPU (acting on a GPU was measured slower in bfloat16, docs/speed.md)."""
+    """IMPALA CNN (Espeholt et al., 2018): [B, 64, 64, 3] uint8 -> [B, 256] float32. --bf16: convolutions and the dense
+    layer in bfloat16 under autocast (float32 weights), each pass on the CPU, those with gradient on a GPU."""
 
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
