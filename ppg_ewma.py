@@ -195,8 +195,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
     All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
-    # both terms' weight by the same factor; the gradient still flows through pi
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: raising log pi_behav lowers both terms alike; pi keeps its gradient
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
     log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
@@ -573,8 +572,8 @@ def train(args: Args) -> dict:
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        if noise_scale is not None:
-            noise_scale.log(writer, global_step, minibatch_size)
+        for tag, value in (noise_scale.scalars(minibatch_size) if noise_scale else {}).items():
+            writer.add_scalar(tag, value, global_step)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
             writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
@@ -724,9 +723,7 @@ def categorical_kl(logits_p, logits_q):
 
 # ------------------------------------------------------- a diagnostic the paper uses: the gradient noise scale
 def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
-    """Unbiased (|G|^2, tr(Sigma)) from gradients' squared norms over two batch sizes (McCandlish et al., 2018, App. A):
-    |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), tr(Sigma) = (|G_small|^2 - |G_big|^2) /
-    (1/B_small - 1/B_big)."""
+    """Unbiased (|G|^2, tr(Sigma)) from squared gradient norms at two batch sizes (McCandlish et al., 2018, App. A)."""
     grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
     trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
     return grad_sq, trace
@@ -769,13 +766,11 @@ class GradientNoiseScale:
         b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
         return b_simple, self.grad_sq / self.weight, self.trace / self.weight
 
-    def log(self, writer, global_step, minibatch_size) -> None:
-        """The iteration's estimates to TensorBoard, next to the minibatch size they are compared with."""
+    def scalars(self, minibatch_size) -> dict:
+        """The iteration's estimates, next to the minibatch size that B_simple = tr(Sigma) / |G|^2 is compared with."""
         b_simple, grad_sq, trace = self.end_iteration()
-        writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
-        writer.add_scalar("charts/grad_noise_trace", trace, global_step)
-        writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
-        writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
+        return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": trace, "charts/grad_sq_norm": grad_sq,
+                "charts/minibatch_size": minibatch_size}
 
 
 # ---------------------------------------------------------- what the run harness needs to know of this script

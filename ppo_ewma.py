@@ -40,8 +40,7 @@ import harness
 class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoints, resume, evaluation
     # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
-    """a Procgen game or any id gym.make takes (`module:EnvId` too): Box, Dict or Tuple observations; Discrete,
-    MultiDiscrete or Box actions (CartPole-v1, Pendulum-v1, HalfCheetah-v5)"""
+    """a Procgen game or a gym.make id (`module:EnvId` too): Box/Dict/Tuple obs, Discrete/MultiDiscrete/Box actions"""
     distribution_mode: Literal["easy", "hard"] = "hard"
     """Procgen difficulty (the paper: hard)"""
     num_levels: int = 0
@@ -91,8 +90,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
     ewma_com: Optional[float] = None
-    """centre of mass of the proximal policy's EWMA in gradient steps, 1/(1-beta_prox) - 1; default: 8 for discrete
-    actions (the paper: beta_prox 0.889), 3 x E x M for Box ones (docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age)"""
+    """centre of mass of the proximal policy's EWMA in gradient steps, 1/(1-beta_prox) - 1; default 8, Box 3 x E x M"""
     objective: Literal["clip", "kl"] = "clip"
     """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
     kl_coef: float = 1.0
@@ -185,8 +183,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
     All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
-    # both terms' weight by the same factor; the gradient still flows through pi
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: raising log pi_behav lowers both terms alike; pi keeps its gradient
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
     log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
@@ -209,8 +206,7 @@ def value_loss(values, returns):
 
 
 def minibatch_loss(agent, args, obs, actions, advantages, behav_logp, prox_pi, prox_logp, v_old, v_targets):
-    """-L^CLIP_decoupled (or -L^KLPEN_decoupled) + c_VF L^VF - c_ent entropy (Sec. 2, Table 1) of a minibatch with
-    pi and V under theta: (loss, its three terms, log pi(a|s))."""
+    """-L_decoupled + c_VF L^VF - c_ent entropy of a minibatch, under theta: (loss, its three terms, log pi(a|s))."""
     new_pi, new_value = agent(obs)
     new_logp, entropy = policy_log_prob_and_entropy(new_pi, actions, agent.continuous, agent.nvec)
     if args.objective == "clip":
@@ -360,15 +356,14 @@ def train(args: Args) -> dict:
     noise_scale = GradientNoiseScale() if args.noise_scale else None  # --noise-scale, a diagnostic
     warn_about_settings(args, agent.continuous)
 
-    # rollout storage, [T, N]
+    # rollout storage, [T, N]; bootstraps: gamma V(final obs) at truncations
     continuous, nvec, to_env = agent.continuous, agent.nvec, env_actions(envs.single_action_space, device)
     obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
     actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float if continuous else torch.long, device=device)
     behav_pis = torch.zeros(rollout_shape + (agent.pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
-    rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
-    bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
+    rewards, dones, values, bootstraps = (torch.zeros(rollout_shape, device=device) for _ in range(4))
 
     next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], dtype=obs_dtype, device=device)
     next_done = torch.zeros(args.num_envs, device=device)
@@ -414,8 +409,7 @@ def train(args: Args) -> dict:
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
-        b_obs, b_actions = obs.reshape((-1,) + obs_shape), actions.reshape((-1,) + action_shape)
-        b_behav_pis = behav_pis.reshape(-1, agent.pi_size)
+        b_obs, b_actions, b_behav_pis = obs.flatten(0, 1), actions.flatten(0, 1), behav_pis.flatten(0, 1)
         b_behav_logps = policy_log_prob_and_entropy(b_behav_pis, b_actions, continuous, nvec)[0]  # log pi_behav(a|s)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
         v_targets, v_old = b_returns, b_values  # the value loss's, in the value head's units
@@ -473,10 +467,9 @@ def train(args: Args) -> dict:
                         "losses/explained_variance": explained_variance(b_values, b_returns)})
         scalars.update({"charts/ewma_decay": ewma_decay, "charts/ewma_weight": ewma_weight} if args.ewma else {})
         scalars.update(option_scalars(args, gradient_steps, adv_moments, value_moments))
+        scalars.update(noise_scale.scalars(batch_size // args.num_minibatches) if noise_scale else {})
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, global_step)
-        if noise_scale is not None:
-            noise_scale.log(writer, global_step, batch_size // args.num_minibatches)
         run.end_iteration(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # SPS, checkpoint
     return run.finish(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # --save-model
 
@@ -548,16 +541,14 @@ def mlp(in_dim, out_dim, out_std):  # 64-64 tanh
 
 
 class Agent(nn.Module):
-    """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads.
-    Box actions, as in the PPO paper: 64-64 tanh MLPs for a Gaussian's mean and for the value, a state-independent
-    log-std. pi, [B, pi_size]: logits (MultiDiscrete: each sub-action's side by side), or the mean and the log-std."""
+    """Discrete actions: a shared torso (IMPALA CNN for images, 64-64 tanh MLP for vectors), policy and value heads;
+    Box actions (the PPO paper's): 64-64 tanh MLPs for a Gaussian's mean and the value, a state-independent log-std."""
 
     def __init__(self, envs, bf16=False):
         super().__init__()
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
-        multi = isinstance(action_space, gym.spaces.MultiDiscrete)
-        self.nvec = action_space.nvec.tolist() if multi else None  # MultiDiscrete: each sub-action's number of values
+        self.nvec = action_space.nvec.tolist() if isinstance(action_space, gym.spaces.MultiDiscrete) else None
         num_outputs = int(np.prod(action_space.shape)) if self.continuous else sum(self.nvec or [action_space.n])
         self.pi_size, obs_dim = 2 * num_outputs if self.continuous else num_outputs, int(np.prod(obs_shape))
         if self.continuous:
@@ -607,9 +598,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
 
 
 class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
-    """Each env's observations standardized by its own running mean and variance, then clipped to +-10: Gymnasium's
-    per-env NormalizeObservation, once per step over the vector. An ended env is updated on its final observation (in
-    info["final_obs"], for the bootstrap), then its next episode's first. obs_rms: checkpoints name them obs_0 ..."""
+    """Each env's observations standardized by its own running mean and variance, clipped to +-10 (Gymnasium's per-env
+    NormalizeObservation); an ended episode's final one (info["final_obs"]) first. Checkpoints: obs_0, obs_1, ..."""
 
     def __init__(self, envs, epsilon=1e-8, clip=10.0):
         super().__init__(envs)
@@ -622,8 +612,7 @@ class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
 
     def normalized(self, i, obs):
         rms = self.obs_rms[i]
-        if self.update_running_mean:
-            # RunningMeanStd.update(obs[None]) written out, a sample of one: the same float operations, 4x faster
+        if self.update_running_mean:  # RunningMeanStd.update(obs[None]) written out: the same float ops, 4x faster
             delta, count = obs - rms.mean, rms.count + 1
             rms.var = (rms.var * rms.count + np.square(delta) * rms.count / count) / count
             rms.mean, rms.count = rms.mean + delta / count, count
@@ -697,8 +686,7 @@ def policy_kl(pi_p, pi_q, continuous=False, nvec=None):
 
 
 def sample_actions(pi, continuous=False, nvec=None, mode=False):
-    """a ~ pi(.|s) for each row of pi, without a device sync; with `mode` (--eval-deterministic) the most likely a:
-    the Gaussian's mean, the categorical's argmax. MultiDiscrete: [B, K], one per sub-action."""
+    """a ~ pi(.|s) per row, no device sync; `mode` (--eval-deterministic): the mean or argmax. MultiDiscrete: [B, K]."""
     if continuous:
         mean, log_std = pi.chunk(2, dim=-1)
         return mean if mode else mean + log_std.exp() * torch.randn_like(mean)
@@ -724,16 +712,14 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
 
 
 def raw_value(value, moments):
-    """--norm-value, skrl's value preprocessor: the value head's output, standardized returns clipped to +-5 (skrl's
-    clip_threshold), as a return, by the mean and std of every return so far (moments); off, or before any: as it is."""
+    """--norm-value: the value head's standardized return (clipped to +-5) as a return; off or before any: as it is."""
     if moments is None or not moments.weight:
         return value
     return value.clamp(-5.0, 5.0) * (moments.std + 1e-8) + moments.mean
 
 
 def past_target_kl(kl, target_kl) -> bool:
-    """--target-kl (as SB3): whether the k3 estimate of KL[pi_behav || pi] before a step is past the target, so that
-    the rest of the update is skipped (torchrun: the workers' mean, so that all skip alike). Off: never."""
+    """--target-kl (SB3): whether the k3 estimate of KL[pi_behav || pi] before a step is past it (torchrun: a mean)."""
     return target_kl is not None and bool(harness.mean_over_workers(kl) > target_kl)
 
 
@@ -751,9 +737,7 @@ def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, l
 
 # ------------------------------------------------------- a diagnostic the paper uses: the gradient noise scale
 def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
-    """Unbiased (|G|^2, tr(Sigma)) from gradients' squared norms over two batch sizes (McCandlish et al., 2018, App. A):
-    |G|^2 = (B_big |G_big|^2 - B_small |G_small|^2) / (B_big - B_small), tr(Sigma) = (|G_small|^2 - |G_big|^2) /
-    (1/B_small - 1/B_big)."""
+    """Unbiased (|G|^2, tr(Sigma)) from squared gradient norms at two batch sizes (McCandlish et al., 2018, App. A)."""
     grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
     trace = (small_sq_norm - big_sq_norm) / (1.0 / small_batch - 1.0 / big_batch)
     return grad_sq, trace
@@ -796,13 +780,11 @@ class GradientNoiseScale:
         b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
         return b_simple, self.grad_sq / self.weight, self.trace / self.weight
 
-    def log(self, writer, global_step, minibatch_size) -> None:
-        """The iteration's estimates to TensorBoard, next to the minibatch size they are compared with."""
+    def scalars(self, minibatch_size) -> dict:
+        """The iteration's estimates, next to the minibatch size that B_simple = tr(Sigma) / |G|^2 is compared with."""
         b_simple, grad_sq, trace = self.end_iteration()
-        writer.add_scalar("charts/grad_noise_scale", b_simple, global_step)  # B_simple = tr(Sigma) / |G|^2
-        writer.add_scalar("charts/grad_noise_trace", trace, global_step)
-        writer.add_scalar("charts/grad_sq_norm", grad_sq, global_step)
-        writer.add_scalar("charts/minibatch_size", minibatch_size, global_step)
+        return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": trace, "charts/grad_sq_norm": grad_sq,
+                "charts/minibatch_size": minibatch_size}
 
 
 # ---------------------------------------------------------------------------------------- what train() logs
@@ -867,8 +849,7 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
         print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
               f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
     if args.batch_divisor != 1 and args.lr_schedule == "kl-adaptive":
-        print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
-              "size, and so undoes the batch divisor's step-size adjustment.")
+        print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds: no step-size adjustment.")
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")

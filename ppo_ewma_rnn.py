@@ -84,8 +84,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     ewma: bool = True
     """proximal policy = EWMA of the policy weights (PPO-EWMA); --no-ewma: proximal = behaviour (PPO)"""
     ewma_com: Optional[float] = None
-    """centre of mass of the proximal policy's EWMA in gradient steps, 1/(1-beta_prox) - 1; default: 8 for discrete
-    actions (the paper: beta_prox 0.889), 3 x E x M for Box ones (docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age)"""
+    """centre of mass of the proximal policy's EWMA in gradient steps, 1/(1-beta_prox) - 1; default 8, Box 3 x E x M"""
     objective: Literal["clip", "kl"] = "clip"
     """decoupled objective of Sec. 2: clipped (L^CLIP_decoupled) or KL-penalised (L^KLPEN_decoupled)"""
     kl_coef: float = 1.0
@@ -177,8 +176,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
     All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
-    # both terms' weight by the same factor; the gradient still flows through pi
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: raising log pi_behav lowers both terms alike; pi keeps its gradient
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
     log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
@@ -647,9 +645,8 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
 
 
 class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
-    """Each env's observations standardized by its own running mean and variance, then clipped to +-10: Gymnasium's
-    per-env NormalizeObservation, once per step over the vector. An ended env is updated on its final observation (in
-    info["final_obs"], for the bootstrap), then its next episode's first. obs_rms: checkpoints name them obs_0 ..."""
+    """Each env's observations standardized by its own running mean and variance, clipped to +-10 (Gymnasium's per-env
+    NormalizeObservation); an ended episode's final one (info["final_obs"]) first. Checkpoints: obs_0, obs_1, ..."""
 
     def __init__(self, envs, epsilon=1e-8, clip=10.0):
         super().__init__(envs)
@@ -662,8 +659,7 @@ class NormalizeObservationPerEnv(gym.vector.VectorWrapper):
 
     def normalized(self, i, obs):
         rms = self.obs_rms[i]
-        if self.update_running_mean:
-            # RunningMeanStd.update(obs[None]) written out, a sample of one: the same float operations, 4x faster
+        if self.update_running_mean:  # RunningMeanStd.update(obs[None]) written out: the same float ops, 4x faster
             delta, count = obs - rms.mean, rms.count + 1
             rms.var = (rms.var * rms.count + np.square(delta) * rms.count / count) / count
             rms.mean, rms.count = rms.mean + delta / count, count
@@ -754,16 +750,14 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
 
 
 def raw_value(value, moments):
-    """--norm-value, skrl's value preprocessor: the value head's output, standardized returns clipped to +-5 (skrl's
-    clip_threshold), as a return, by the mean and std of every return so far (moments); off, or before any: as it is."""
+    """--norm-value: the value head's standardized return (clipped to +-5) as a return; off or before any: as it is."""
     if moments is None or not moments.weight:
         return value
     return value.clamp(-5.0, 5.0) * (moments.std + 1e-8) + moments.mean
 
 
 def past_target_kl(kl, target_kl) -> bool:
-    """--target-kl (as SB3): whether the k3 estimate of KL[pi_behav || pi] before a step is past the target, so that
-    the rest of the update is skipped (torchrun: the workers' mean, so that all skip alike). Off: never."""
+    """--target-kl (SB3): whether the k3 estimate of KL[pi_behav || pi] before a step is past it (torchrun: a mean)."""
     return target_kl is not None and bool(harness.mean_over_workers(kl) > target_kl)
 
 
@@ -843,8 +837,7 @@ def warn_about_settings(args: Args, continuous: bool) -> None:
         print(f"warning: --update-epochs {args.update_epochs} > 1, so the batch-divisor adjustments do not make "
               f"training invariant (Sec. 4 requires 1 policy epoch; the paper's sweep uses PPG-EWMA for this).")
     if args.batch_divisor != 1 and args.lr_schedule == "kl-adaptive":
-        print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds, whatever the batch "
-              "size, and so undoes the batch divisor's step-size adjustment.")
+        print("warning: --lr-schedule kl-adaptive steers every epoch's KL into fixed bounds: no step-size adjustment.")
     if continuous and args.ewma and args.ewma_com < args.update_epochs * args.num_minibatches / 2:  # E x M / 2
         print(f"warning: --ewma-com {args.ewma_com:g} is under half of update-epochs x num-minibatches (E x M); on "
               f"MuJoCo (320) 107 and 8 collapsed, 320 and 960 held: docs/ppo_ewma.md#measured-on-mujoco-the-ewmas-age")

@@ -118,8 +118,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
     r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
     All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
     prox_logp = prox_logp.detach()
-    # Appendix B's cap pi/pi_behav <= max_is_ratio: where pi/pi_behav exceeds it, log pi_behav is raised, which lowers
-    # both terms' weight by the same factor; the gradient still flows through pi
+    # Appendix B's cap pi/pi_behav <= max_is_ratio: raising log pi_behav lowers both terms alike; pi keeps its gradient
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     log_is_ratio = new_logp - behav_logp  # log(pi/pi_behav) = log(r_prox r_t)
     log_clipped = torch.clamp(new_logp - prox_logp, math.log(1 - clip_coef), math.log(1 + clip_coef))  # clip(r_t)
