@@ -176,8 +176,7 @@ def apply_batch_divisor(args: Args) -> Args:
 # ------------------------------------------------------------------- the algorithm: losses, GAE, EWMA, normalizers
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
-    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
+    rewards, values, dones: [T, N] (dones[t] = 1: obs t starts an episode); next_value, next_done: [N]. On NumPy."""
     step_rewards, step_values, step_dones = (x.cpu().numpy() for x in (rewards, values, dones))
     # each step's next value and whether the episode goes on into it; after the last step, the bootstrap's
     next_values = np.concatenate([step_values[1:], next_value.cpu().numpy()[None]])
@@ -205,8 +204,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
-    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi], pi/pi_behav capped as in
-    decoupled_clip_loss. new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] with gradient."""
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi] (kl, with gradient); all [B]."""
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     is_ratio = torch.exp(new_logp - behav_logp)
     return (-is_ratio * advantages + kl_coef * kl).mean()
@@ -229,8 +227,7 @@ def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
 
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
-    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w_new = 1 + beta w.
-    theta_prox = theta / w_new + beta (w / w_new) theta_prox; decay 0 copies theta."""
+    """theta_prox <- theta / w_new + beta (w / w_new) theta_prox in place (Appendix A); returns w_new = 1 + beta w."""
     new_weight = 1.0 + decay * weight
     for ewma_param, param in zip(ewma_model.parameters(), model.parameters()):
         ewma_param.mul_(decay * weight / new_weight).add_(param, alpha=1.0 / new_weight)
@@ -365,8 +362,7 @@ def auxiliary_phase(policy, value_net, optimizer, phase_obs, phase_returns, aux_
 
 
 def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
-    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
-    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    """One Adam step on the loss for `modules` (torchrun: on the workers' mean gradient), its norm <= max_grad_norm."""
     optimizer.zero_grad()
     loss.backward()
     if noise_scale is not None:
@@ -572,7 +568,7 @@ def train(args: Args) -> dict:
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        for tag, value in (noise_scale.scalars(minibatch_size) if noise_scale else {}).items():
+        for tag, value in (noise_scale.end_iteration(minibatch_size) if noise_scale else {}).items():
             writer.add_scalar(tag, value, global_step)
         if args.norm_adv:
             writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
@@ -618,8 +614,7 @@ class ConvSequence(nn.Module):
         super().__init__()
         self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
+        self.res0, self.res1 = ResidualBlock(out_channels, res_scale), ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -632,8 +627,7 @@ class ImpalaCNN(nn.Module):
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
         self.bf16 = bf16
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        # official init: 1/sqrt(S) per stack, 1/sqrt(2) of that per block, its square root per conv: (2 S)^(-1/4)
         res_scale = (2 * len(channels)) ** -0.25
         sizes = zip((in_channels, *channels[:-1]), channels)  # each stack's input and output channels
         self.stacks = nn.Sequential(*(ConvSequence(inputs, outputs, res_scale) for inputs, outputs in sizes))
@@ -730,9 +724,8 @@ def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
 
 
 class GradientNoiseScale:
-    """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
-    minibatch gradients (B_small) and their mean (B_big) give one estimate of both parts; their EWMAs over iterations
-    give the ratio (McCandlish et al.), nan while the EWMA of |G|^2 (often negative near a stationary point) is <= 0."""
+    """--noise-scale: B_simple = tr(Sigma) / |G|^2 of the gradient stepped on, from each epoch's minibatch gradients
+    (B_small) and their mean (B_big), EWMAs over iterations (McCandlish et al.); nan while the |G|^2 EWMA is <= 0."""
 
     def __init__(self, decay=0.9):
         self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
@@ -753,24 +746,19 @@ class GradientNoiseScale:
                                                      big_sq_norm, num_minibatches * minibatch_size))
         self.sq_norms, self.grad_sum = [], None
 
-    def end_iteration(self):
-        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
+    def end_iteration(self, minibatch_size) -> dict:
+        """The iteration's B_simple, |G|^2 and tr(Sigma) from the EWMAs (nan until an epoch had two minibatches), to log
+        next to the minibatch size that B_simple is compared with."""
         if self.epochs:
             grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
             self.weight = self.decay * self.weight + 1.0
             self.grad_sq = self.decay * self.grad_sq + grad_sq
             self.trace = self.decay * self.trace + trace
             self.epochs = []
-        if not self.weight:
-            return float("nan"), float("nan"), float("nan")
-        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
-        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
-
-    def scalars(self, minibatch_size) -> dict:
-        """The iteration's estimates, next to the minibatch size that B_simple = tr(Sigma) / |G|^2 is compared with."""
-        b_simple, grad_sq, trace = self.end_iteration()
-        return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": trace, "charts/grad_sq_norm": grad_sq,
-                "charts/minibatch_size": minibatch_size}
+        weight = self.weight or float("nan")  # no estimate yet: nan
+        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")  # B_simple = tr(Sigma) / |G|^2
+        return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": self.trace / weight,
+                "charts/grad_sq_norm": self.grad_sq / weight, "charts/minibatch_size": minibatch_size}
 
 
 # ---------------------------------------------------------- what the run harness needs to know of this script

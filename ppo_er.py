@@ -82,8 +82,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
 # ------------------------------------------------------------------- the algorithm: GAE, the loss, the replay memory
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
-    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
+    rewards, values, dones: [T, N] (dones[t] = 1: obs t starts an episode); next_value, next_done: [N]. On NumPy."""
     step_rewards, step_values, step_dones = (x.cpu().numpy() for x in (rewards, values, dones))
     # each step's next value and whether the episode goes on into it; after the last step, the bootstrap's
     next_values = np.concatenate([step_values[1:], next_value.cpu().numpy()[None]])
@@ -157,8 +156,7 @@ class ReplayMemory:
 
 
 def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
-    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
-    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    """One Adam step on the loss for `modules` (torchrun: on the workers' mean gradient), its norm <= max_grad_norm."""
     optimizer.zero_grad()
     loss.backward()
     if noise_scale is not None:

@@ -1,11 +1,10 @@
-"""PPO and PPO-EWMA with batch size-invariance: Hilton, Cobbe & Schulman, "Batch size-invariance for policy
-optimization" (2021).
+"""PPO and PPO-EWMA: Hilton, Cobbe & Schulman, "Batch size-invariance for policy optimization" (2021).
 
-PPO-EWMA uses an exponentially-weighted moving average (EWMA) of the policy network's weights as the proximal policy
-of the decoupled objectives (Sec. 2, Appendix A, Algorithm 2); the behaviour policy, which collected the data, serves
-only importance sampling. `--batch-divisor c` divides the batch by c and adjusts the other hyperparameters so that
-training stays about the same per environment step (Sec. 3-4). Discrete and continuous (diagonal Gaussian) actions; a
-recurrent policy is ppo_ewma_rnn.py's. "The official code" in the comments is the paper's own, openai/ppo-ewma.
+PPO-EWMA takes an exponentially-weighted moving average (EWMA) of the policy's weights as the proximal policy of the
+decoupled objectives (Sec. 2, Appendix A, Algorithm 2); the behaviour policy serves only importance sampling.
+`--batch-divisor c` divides the batch by c and adjusts the other hyperparameters so that training stays about the same
+per env step (Sec. 3-4). Discrete and Box actions; ppo_ewma_rnn.py's policy is recurrent. "The official code": the
+paper's own, openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
     python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA age and adv-norm span x4; invariant
@@ -164,8 +163,7 @@ def apply_batch_divisor(args: Args) -> Args:
 # ------------------------------------------------------------------- the algorithm: losses, GAE, EWMA, normalizers
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
-    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
+    rewards, values, dones: [T, N] (dones[t] = 1: obs t starts an episode); next_value, next_done: [N]. On NumPy."""
     step_rewards, step_values, step_dones = (x.cpu().numpy() for x in (rewards, values, dones))
     # each step's next value and whether the episode goes on into it; after the last step, the bootstrap's
     next_values = np.concatenate([step_values[1:], next_value.cpu().numpy()[None]])
@@ -193,8 +191,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
-    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi], pi/pi_behav capped as in
-    decoupled_clip_loss. new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] with gradient."""
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi] (kl, with gradient); all [B]."""
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     is_ratio = torch.exp(new_logp - behav_logp)
     return (-is_ratio * advantages + kl_coef * kl).mean()
@@ -222,8 +219,7 @@ def minibatch_loss(agent, args, obs, actions, advantages, behav_logp, prox_pi, p
 
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
-    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w_new = 1 + beta w.
-    theta_prox = theta / w_new + beta (w / w_new) theta_prox; decay 0 copies theta."""
+    """theta_prox <- theta / w_new + beta (w / w_new) theta_prox in place (Appendix A); returns w_new = 1 + beta w."""
     new_weight = 1.0 + decay * weight
     for ewma_param, param in zip(ewma_model.parameters(), model.parameters()):
         ewma_param.mul_(decay * weight / new_weight).add_(param, alpha=1.0 / new_weight)
@@ -317,8 +313,7 @@ def epoch_minibatches(args: Args) -> list:
 
 
 def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
-    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
-    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    """One Adam step on the loss for `modules` (torchrun: on the workers' mean gradient), its norm <= max_grad_norm."""
     optimizer.zero_grad()
     loss.backward()
     if noise_scale is not None:
@@ -467,7 +462,7 @@ def train(args: Args) -> dict:
                         "losses/explained_variance": explained_variance(b_values, b_returns)})
         scalars.update({"charts/ewma_decay": ewma_decay, "charts/ewma_weight": ewma_weight} if args.ewma else {})
         scalars.update(option_scalars(args, gradient_steps, adv_moments, value_moments))
-        scalars.update(noise_scale.scalars(batch_size // args.num_minibatches) if noise_scale else {})
+        scalars.update(noise_scale.end_iteration(batch_size // args.num_minibatches) if noise_scale else {})
         for tag, value in scalars.items():
             writer.add_scalar(tag, value, global_step)
         run.end_iteration(iteration, global_step, next_obs, next_done, ewma_weight=ewma_weight)  # SPS, checkpoint
@@ -506,8 +501,7 @@ class ConvSequence(nn.Module):
         super().__init__()
         self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
+        self.res0, self.res1 = ResidualBlock(out_channels, res_scale), ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -520,8 +514,7 @@ class ImpalaCNN(nn.Module):
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
         self.bf16 = bf16
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        # official init: 1/sqrt(S) per stack, 1/sqrt(2) of that per block, its square root per conv: (2 S)^(-1/4)
         res_scale = (2 * len(channels)) ** -0.25
         sizes = zip((in_channels, *channels[:-1]), channels)  # each stack's input and output channels
         self.stacks = nn.Sequential(*(ConvSequence(inputs, outputs, res_scale) for inputs, outputs in sizes))
@@ -705,8 +698,7 @@ def env_actions(action_space, device):
 
 # --------------------------------------------------------------------------------------- options beyond the paper
 def clipped_value_loss(values, old_values, returns, clip_coef):
-    """--clip-vloss: mean of max((V - V_targ)^2, (V_clip - V_targ)^2), V_clip = V_old + clip(V - V_old, -eps, eps),
-    as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
+    """--clip-vloss (PPO2): mean of max((V - V_targ)^2, (V_old + clip(V - V_old, -eps, eps) - V_targ)^2), all [B]."""
     clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
@@ -735,7 +727,6 @@ def kl_adaptive_lr(lr, kl, kl_target, min_lr=1e-6, max_lr=1e-2, kl_factor=2.0, l
     return min(lr * lr_factor, max_lr) if kl < kl_target / kl_factor else lr
 
 
-# ------------------------------------------------------- a diagnostic the paper uses: the gradient noise scale
 def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
     """Unbiased (|G|^2, tr(Sigma)) from squared gradient norms at two batch sizes (McCandlish et al., 2018, App. A)."""
     grad_sq = (big_batch * big_sq_norm - small_batch * small_sq_norm) / (big_batch - small_batch)
@@ -744,9 +735,8 @@ def noise_scale_estimates(small_sq_norm, small_batch, big_sq_norm, big_batch):
 
 
 class GradientNoiseScale:
-    """--noise-scale, a diagnostic: B_simple = tr(Sigma) / |G|^2 of the gradient the optimizer steps on. Each epoch's
-    minibatch gradients (B_small) and their mean (B_big) give one estimate of both parts; their EWMAs over iterations
-    give the ratio (McCandlish et al.), nan while the EWMA of |G|^2 (often negative near a stationary point) is <= 0."""
+    """--noise-scale: B_simple = tr(Sigma) / |G|^2 of the gradient stepped on, from each epoch's minibatch gradients
+    (B_small) and their mean (B_big), EWMAs over iterations (McCandlish et al.); nan while the |G|^2 EWMA is <= 0."""
 
     def __init__(self, decay=0.9):
         self.decay, self.weight, self.grad_sq, self.trace = decay, 0.0, 0.0, 0.0
@@ -767,24 +757,19 @@ class GradientNoiseScale:
                                                      big_sq_norm, num_minibatches * minibatch_size))
         self.sq_norms, self.grad_sum = [], None
 
-    def end_iteration(self):
-        """(B_simple, |G|^2, tr(Sigma)) from the EWMAs (nan until an epoch had two minibatches)."""
+    def end_iteration(self, minibatch_size) -> dict:
+        """The iteration's B_simple, |G|^2 and tr(Sigma) from the EWMAs (nan until an epoch had two minibatches), to log
+        next to the minibatch size that B_simple is compared with."""
         if self.epochs:
             grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
             self.weight = self.decay * self.weight + 1.0
             self.grad_sq = self.decay * self.grad_sq + grad_sq
             self.trace = self.decay * self.trace + trace
             self.epochs = []
-        if not self.weight:
-            return float("nan"), float("nan"), float("nan")
-        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")
-        return b_simple, self.grad_sq / self.weight, self.trace / self.weight
-
-    def scalars(self, minibatch_size) -> dict:
-        """The iteration's estimates, next to the minibatch size that B_simple = tr(Sigma) / |G|^2 is compared with."""
-        b_simple, grad_sq, trace = self.end_iteration()
-        return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": trace, "charts/grad_sq_norm": grad_sq,
-                "charts/minibatch_size": minibatch_size}
+        weight = self.weight or float("nan")  # no estimate yet: nan
+        b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")  # B_simple = tr(Sigma) / |G|^2
+        return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": self.trace / weight,
+                "charts/grad_sq_norm": self.grad_sq / weight, "charts/minibatch_size": minibatch_size}
 
 
 # ---------------------------------------------------------------------------------------- what train() logs
@@ -797,8 +782,7 @@ def add_statistics(stats, args, pg_loss, v_loss, entropy_loss, new_logp, prox_lo
         ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
         ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
         ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
-        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
-    ):
+        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean())):
         stats[name].append(value.detach())
 
 
@@ -838,9 +822,8 @@ def check_args(args: Args, observation_space, action_space) -> None:
     action_bytes = (4 if continuous else 8) * math.prod(action_space.shape)  # a Discrete's shape is ()
     pi_floats = 3 * math.prod(action_space.shape) if continuous else int(sum(action_space.nvec)) if multi else \
         action_space.n
-    sample_bytes = obs_bytes + action_bytes + 4 * (pi_floats + 7)
-    harness.check_memory(args.num_envs * args.num_steps * sample_bytes, args.cuda, "The rollout buffers",
-                         "--num-envs or --num-steps")
+    harness.check_memory(args.num_envs * args.num_steps * (obs_bytes + action_bytes + 4 * (pi_floats + 7)), args.cuda,
+                         "The rollout buffers", "--num-envs or --num-steps")
 
 
 def warn_about_settings(args: Args, continuous: bool) -> None:

@@ -157,8 +157,7 @@ def apply_batch_divisor(args: Args) -> Args:
 # ------------------------------------------------------------------- the algorithm: losses, GAE, EWMA, normalizers
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
-    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
+    rewards, values, dones: [T, N] (dones[t] = 1: obs t starts an episode); next_value, next_done: [N]. On NumPy."""
     step_rewards, step_values, step_dones = (x.cpu().numpy() for x in (rewards, values, dones))
     # each step's next value and whether the episode goes on into it; after the last step, the bootstrap's
     next_values = np.concatenate([step_values[1:], next_value.cpu().numpy()[None]])
@@ -186,8 +185,7 @@ def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, 
 
 
 def decoupled_kl_loss(new_logp, behav_logp, advantages, kl, kl_coef, max_is_ratio=100.0):
-    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi], pi/pi_behav capped as in
-    decoupled_clip_loss. new_logp, behav_logp, advantages: [B]; kl: [B], per-sample KL[pi_prox || pi] with gradient."""
+    """-L^KLPEN_decoupled (Sec. 2): mean of -(pi/pi_behav) A + beta KL[pi_prox || pi] (kl, with gradient); all [B]."""
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
     is_ratio = torch.exp(new_logp - behav_logp)
     return (-is_ratio * advantages + kl_coef * kl).mean()
@@ -216,8 +214,7 @@ def minibatch_loss(agent, args, unrolls, actions, advantages, behav_logp, prox_p
 
 @torch.no_grad()
 def update_ewma(ewma_model, model, weight, decay):
-    """theta_prox <- EWMA_beta(theta) in place (Appendix A); returns the new total weight w_new = 1 + beta w.
-    theta_prox = theta / w_new + beta (w / w_new) theta_prox; decay 0 copies theta."""
+    """theta_prox <- theta / w_new + beta (w / w_new) theta_prox in place (Appendix A); returns w_new = 1 + beta w."""
     new_weight = 1.0 + decay * weight
     for ewma_param, param in zip(ewma_model.parameters(), model.parameters()):
         ewma_param.mul_(decay * weight / new_weight).add_(param, alpha=1.0 / new_weight)
@@ -309,8 +306,7 @@ def minibatch_envs(num_steps, num_envs, num_minibatches) -> list:
 
 
 def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
-    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
-    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    """One Adam step on the loss for `modules` (torchrun: on the workers' mean gradient), its norm <= max_grad_norm."""
     optimizer.zero_grad()
     loss.backward()
     if noise_scale is not None:
@@ -513,8 +509,7 @@ class ConvSequence(nn.Module):
         super().__init__()
         self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
+        self.res0, self.res1 = ResidualBlock(out_channels, res_scale), ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -527,8 +522,7 @@ class ImpalaCNN(nn.Module):
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
         self.bf16 = bf16
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        # official init: 1/sqrt(S) per stack, 1/sqrt(2) of that per block, its square root per conv: (2 S)^(-1/4)
         res_scale = (2 * len(channels)) ** -0.25
         sizes = zip((in_channels, *channels[:-1]), channels)  # each stack's input and output channels
         self.stacks = nn.Sequential(*(ConvSequence(inputs, outputs, res_scale) for inputs, outputs in sizes))
@@ -743,8 +737,7 @@ def env_actions(action_space, device):
 
 # --------------------------------------------------------------------------------------- options beyond the paper
 def clipped_value_loss(values, old_values, returns, clip_coef):
-    """--clip-vloss: mean of max((V - V_targ)^2, (V_clip - V_targ)^2), V_clip = V_old + clip(V - V_old, -eps, eps),
-    as PPO2 in OpenAI baselines and CleanRL; all [B], V_old the rollout's values."""
+    """--clip-vloss (PPO2): mean of max((V - V_targ)^2, (V_old + clip(V - V_old, -eps, eps) - V_targ)^2), all [B]."""
     clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
     return torch.max((values - returns) ** 2, (clipped - returns) ** 2).mean()
 
@@ -783,8 +776,7 @@ def add_statistics(stats, args, pg_loss, v_loss, entropy_loss, new_logp, prox_lo
         ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
         ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
         ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
-        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
-    ):
+        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean())):
         stats[name].append(value.detach())
 
 

@@ -132,8 +132,7 @@ def with_defaults(args: Args) -> Args:
 # ------------------------------------------------------------- the algorithm: GAE, E-step, M-step, PopArt (Sec. 4)
 def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda):
     """Generalized advantage estimation (Schulman et al., 2015b): (advantages, returns = advantages + values), [T, N].
-    rewards, values, dones: [T, N]; next_value, next_done: [N]. dones[t] = 1: the step that produced obs t ended an
-    episode (no bootstrap from t-1 into t). The loop runs on NumPy copies: the same float32 operations, 5x faster."""
+    rewards, values, dones: [T, N] (dones[t] = 1: obs t starts an episode); next_value, next_done: [N]. On NumPy."""
     step_rewards, step_values, step_dones = (x.cpu().numpy() for x in (rewards, values, dones))
     # each step's next value and whether the episode goes on into it; after the last step, the bootstrap's
     next_values = np.concatenate([step_values[1:], next_value.cpu().numpy()[None]])
@@ -250,8 +249,7 @@ class PopArt(nn.Module):
 
 
 def gradient_step(optimizer, loss, *modules, max_grad_norm=None, noise_scale=None) -> None:
-    """One Adam step on the loss, for the parameters of `modules` (torchrun: on the workers' mean gradient), the
-    gradient's norm clipped to max_grad_norm (--max-grad-norm); --noise-scale records this worker's own gradient."""
+    """One Adam step on the loss for `modules` (torchrun: on the workers' mean gradient), its norm <= max_grad_norm."""
     optimizer.zero_grad()
     loss.backward()
     if noise_scale is not None:
@@ -489,8 +487,7 @@ class ConvSequence(nn.Module):
         super().__init__()
         self.conv = normed_init(nn.Conv2d(in_channels, out_channels, kernel_size=3, padding=1), 1.0)
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
-        self.res0 = ResidualBlock(out_channels, res_scale)
-        self.res1 = ResidualBlock(out_channels, res_scale)
+        self.res0, self.res1 = ResidualBlock(out_channels, res_scale), ResidualBlock(out_channels, res_scale)
 
     def forward(self, x):
         return self.res1(self.res0(self.pool(self.conv(x))))
@@ -503,8 +500,7 @@ class ImpalaCNN(nn.Module):
     def __init__(self, in_channels=3, channels=(16, 32, 32), bf16=False):
         super().__init__()
         self.bf16 = bf16
-        # official init: each of the S stacks has scale 1/sqrt(S), each of its 2 blocks 1/sqrt(2) of that,
-        # and each conv of a block the square root of the block's scale: (2 S)^(-1/4) = 6^(-1/4) for S = 3
+        # official init: 1/sqrt(S) per stack, 1/sqrt(2) of that per block, its square root per conv: (2 S)^(-1/4)
         res_scale = (2 * len(channels)) ** -0.25
         sizes = zip((in_channels, *channels[:-1]), channels)  # each stack's input and output channels
         self.stacks = nn.Sequential(*(ConvSequence(inputs, outputs, res_scale) for inputs, outputs in sizes))

@@ -991,7 +991,7 @@ def test_noise_scale_recovers_b_simple_of_a_linear_regression():
             (0.5 * (x @ w - y) ** 2).mean().backward()
             noise_scale.add(model)
         noise_scale.end_epoch(minibatch)
-        b_simple = noise_scale.end_iteration()[0]
+        b_simple = noise_scale.end_iteration(minibatch)["charts/grad_noise_scale"]
     assert b_simple == pytest.approx(51.0, rel=0.1)  # 1000 epochs: about 5% standard error here
 
 
