@@ -1,4 +1,5 @@
-"""Reading a run's files for --resume and --eval-checkpoint, small enough to audit alone (harness.py writes them).
+"""Reading a run's files for --eval-checkpoint and --resume (resume.py), small enough to audit alone; harness.py writes
+them.
 
 Every file a run writes is a safetensors file: tensors in its body, all else as JSON in its metadata (harness.py's
 encoded(); FORMAT below). What holds for one from someone else:
@@ -6,27 +7,25 @@ encoded(); FORMAT below). What holds for one from someone else:
   HEADER_LIMIT. The metadata's JSON is bounded (nesting, number of values, digits of a number) before Python builds
   anything of it; each of the file's tensors is named in it exactly once.
 - Two passes. read() checks what the file holds against what the script writes: its keys, its flags (fits()). Once
-  the run is rebuilt from the file's flags, restore_run() checks every value against the rebuilt run's own (keys,
-  types, dtypes, shapes, settings, bounds, the arithmetic done with it), and reads a tensor only once its dtype and
-  shape are the run's: nothing allocates beyond the run. Only then is anything applied.
+  the run is rebuilt from the file's flags, restored() checks every value against the rebuilt run's own (keys, types,
+  dtypes, shapes, settings, bounds), and reads a tensor only once its dtype and shape are the run's: nothing
+  allocates beyond the run. Only then is anything applied (load_weights, load_normalizers; resume.py's restore_run).
 - Any error while a file is read or applied is one sentence naming the file and the key (refused()); a name read
   from the disk is printed escaped (shown()).
-It imports no module of the project: harness.py hands it the run's parts (Saved), and the walk of its env stack.
+It imports no module of the project: harness.py hands it the walk of an env stack (ENV_WALK).
 """
 import dataclasses
 import json
 import math
 import os
-import random
 import re
 import reprlib
+import shlex
 import stat
-import sys
 import typing
 from collections import deque
 from contextlib import contextmanager
 from itertools import accumulate
-from typing import Optional
 
 import numpy as np
 import safetensors
@@ -40,7 +39,6 @@ JSON_DEPTH, JSON_VALUES = 32, 2**20  # nesting and values of the metadata's JSON
 INT_DIGITS = 39  # digits of the largest int a run writes: PCG64's 128-bit state
 STRING_LIMIT = 4096  # characters of a string flag: a path's longest on Linux
 FLOAT_BOUND = 1e30  # a finite number read from a file, beyond which a run's arithmetic overflows
-WALK_DEPTH = 8  # folders within a run directory: a run makes one (videos/)
 OLD_FORMAT = "18fb459"  # the last commit whose code reads torch.save's .pt checkpoints
 FORMAT = {"$tensor": "a tensor of the body, by name", "$tuple": "a list that was a tuple",
           "$int_keys": "a dict of int keys, as [key, value] pairs", "$float": "'inf', '-inf' or 'nan'",
@@ -60,7 +58,7 @@ NONNEGATIVE = {"count", "var", "weight", "sum_sq"}  # running statistics that a 
 DTYPES = {"BOOL": torch.bool, "U8": torch.uint8, "I8": torch.int8, "I16": torch.int16, "I32": torch.int32,
           "I64": torch.int64, "F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 NUMPY_DTYPES = tuple(DTYPES.values())[:6] + (torch.float32, torch.float64)  # what a NumPy scalar of to_data can be
-STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"')  # a JSON string
+STRING = re.compile(r'"[^"]*"')  # a JSON string, once its escaped backslashes and quotes are dropped
 
 
 def shown(name: str) -> str:
@@ -81,6 +79,24 @@ class Stored:
 
     def __repr__(self):
         return f"a {self.dtype or self.kind} tensor of shape {list(self.shape)}"
+
+
+# ------------------------------------------------------------------------------------------ a run's file
+def read_run(args, flag: str, script, given: set) -> tuple:
+    """The file of `flag` (--resume, --eval-checkpoint), read (the first pass): (the file, the Args its run trained
+    with). Its env id must be the one this command line gives, if any (given: its flags); a `module:EnvId` one, which
+    imports (runs) that module, is used only where the command line names it too."""
+    path = getattr(args, flag[2:].replace("-", "_"))
+    source = f"{flag} {path}"
+    checkpoint = read(path, flag, script, kinds=("checkpoint",) if flag == "--resume" else ("checkpoint", "model"))
+    run_args = checkpoint_args(checkpoint, script, source)
+    if "env_id" in given and args.env_id != run_args.env_id:
+        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {run_args.env_id!r}: {flag} runs on "
+                         f"the checkpoint's own env (drop --env-id).")
+    if ":" in run_args.env_id and "env_id" not in given:
+        raise SystemExit(f"{source}: its env id {run_args.env_id!r} imports a module of its own, which runs its code; "
+                         f"pass --env-id {shlex.quote(run_args.env_id)} as well if you trust that module.")
+    return checkpoint, run_args
 
 
 # ------------------------------------------------------------------------------------------ the first pass
@@ -115,25 +131,29 @@ def read(path: str, flag: str, script, kinds=("checkpoint", "model")) -> dict:
             metadata, names = file.metadata() or {}, set(file.keys())
         except Exception as error:
             raise SystemExit(f"{source} cannot be read as a safetensors file ({type(error).__name__}: "
-                             f"{reprlib.repr(str(error))[1:-1]}).") from None
+                             f"{shown(str(error))[:200]}).") from None
     finally:
         os.close(fd)
     kind = next((kind for kind in ("checkpoint", "model") if set(metadata) == {kind}), None)
     if kind is None:
         raise SystemExit(f"{source} is not a file a run writes: its metadata holds neither a checkpoint nor a model.")
+    arrays = metadata[kind].count('"$array"')
+    if arrays > (2 if kind == "model" else 0):  # a model's observation statistics, a mean and a var; none elsewhere
+        raise SystemExit(f"{source} is not a {kind} a run writes: its metadata holds {arrays:,} arrays.")
     try:
         used = set()
         tree = decoded(parsed(metadata[kind]), file, names if kind == "checkpoint" else set(), used)
         if used != (names if kind == "checkpoint" else set()):
             raise ValueError(f"its metadata does not name the tensor {reprlib.repr(min(names - used))}")
-    except (ValueError, RecursionError) as error:
+    except (ValueError, TypeError, OverflowError, RecursionError) as error:
         raise SystemExit(f"{source} is not a {kind} a run writes: {error}.") from None
     if kind not in kinds:
         raise SystemExit(f"{source} is a model file, the policy alone: {flag} takes a run's checkpoint.safetensors.")
     written_by = tree.get("script") if isinstance(tree, dict) else None
-    if written_by != script.name:  # other text than a script's name is quoted
-        named = isinstance(written_by, str) and written_by.endswith(".py") and written_by[:-3].isidentifier()
-        written_by = written_by if named else reprlib.repr(written_by)
+    if written_by != script.name:
+        if not (isinstance(written_by, str) and written_by.endswith(".py") and written_by[:-3].isidentifier()):
+            raise SystemExit(f"{source} is not a {kind} a run writes: its metadata names no script (its script is "
+                             f"{reprlib.repr(written_by)}).")
         raise SystemExit(f"{source} is a {written_by} {kind}, not a {script.name} one: run {written_by}.")
     if kind == "model":
         tree["models"] = {script.policy: {name: Stored(file, name) for name in sorted(names)}}
@@ -151,12 +171,15 @@ def check_keys(tree: dict, kind: str, script, source: str) -> None:
     keys = KEYS if kind == "checkpoint" else MODEL_KEYS
     known = {**keys, **({**OPTIONAL_KEYS, **dict.fromkeys(script.checkpoint_keys, object)} if kind == "checkpoint"
                         else {"models": dict})}
-    field_names = {field.name for field in dataclasses.fields(script.args_type)}
-    if not (all(isinstance(tree.get(key), type_) for key, type_ in keys.items())
-            and all(isinstance(tree[key], known[key]) for key in tree if key in known)
-            and all(type(tree[key]) is int and 0 <= tree[key] <= 2**53 for key in keys if keys[key] is int)
-            and set(tree["args"]) <= field_names):
-        raise SystemExit(f"{source} is not a {script.name} {kind}.")
+    wrong = next((key for key in {**keys, **tree} if not (isinstance(tree.get(key), known.get(key, object)) and (
+        known.get(key) is not int or type(tree[key]) is int and 0 <= tree[key] <= 2**53))), None)
+    if wrong is not None:
+        raise SystemExit(f"{source} is not a {script.name} {kind}: its {reprlib.repr(wrong)} is "
+                         f"{'missing' if wrong not in tree else reprlib.repr(tree[wrong])}.")
+    flags = sorted(set(tree["args"]) - {field.name for field in dataclasses.fields(script.args_type)})
+    if flags:  # e.g. one that a later version removed, or moved into a script of its own
+        raise SystemExit(f"{source} is not a {script.name} {kind}: its flag {reprlib.repr(flags[0])} is not one of "
+                         f"{script.name}'s.")
     unknown = sorted(set(tree) - set(known), key=repr)
     if unknown:
         raise SystemExit(f"{source} holds {reprlib.repr(unknown[0])}, which no {script.name} {kind} holds.")
@@ -166,10 +189,11 @@ def parsed(text: str):
     """The metadata's JSON as Python values, once bounded before anything is built: nesting at most JSON_DEPTH, fewer
     than JSON_VALUES values, ints of at most INT_DIGITS digits, finite floats, no key twice in one object; else
     ValueError (json's own included)."""
-    skeleton = STRING.sub('""', text)  # its strings emptied: what is left is its structure and numbers
+    # its strings emptied, in linear time (escaped backslashes, then escaped quotes dropped): its structure and numbers
+    skeleton = STRING.sub('""', text.replace("\\\\", "").replace('\\"', ""))
     if sum(map(skeleton.count, ",:[{")) >= JSON_VALUES:  # each value but the first follows one of these
         raise ValueError(f"its metadata holds more than {JSON_VALUES:,} values")
-    if max(accumulate(1 if bracket in "[{" else -1 for bracket in re.findall(r"[\[\]{}]", skeleton)),
+    if max(accumulate(1 if bracket in "[{" else -1 for bracket in re.sub(r"[^\[\]{}]", "", skeleton)),
            default=0) > JSON_DEPTH:
         raise ValueError(f"its metadata nests deeper than {JSON_DEPTH}")
     return json.loads(text, parse_int=bounded_int, parse_float=finite_float, parse_constant=no_constant,
@@ -207,7 +231,7 @@ def decoded(value, file, names: set, used: set):
         return {key: decoded(item, file, names, used) for key, item in value.items()} if isinstance(value, dict) \
             else value
     (tag, inner), = value.items() if len(value) == 1 else [(None, None)]
-    if tag == "$tensor" and isinstance(inner, str) and inner in names - used:
+    if tag == "$tensor" and isinstance(inner, str) and inner in names and inner not in used:
         used.add(inner)
         return Stored(file, inner)
     if tag == "$tuple" and isinstance(inner, list):
@@ -215,16 +239,17 @@ def decoded(value, file, names: set, used: set):
     if tag == "$float" and inner in ("inf", "-inf", "nan"):
         return float(inner)
     if tag == "$int_keys" and isinstance(inner, list) and all(
-            isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int for pair in inner):
+            isinstance(pair, list) and len(pair) == 2 and type(pair[0]) is int and 0 <= pair[0] < JSON_VALUES
+            for pair in inner):  # small keys (a run's are parameter indices): no two of them hash alike
         items = {key: decoded(item, file, names, used) for key, item in inner}
         if len(items) == len(inner):
             return items
     if tag == "$array" and isinstance(inner, dict) and sorted(inner) == ["data", "dtype", "shape"]:
         dtype, shape, data = {"float32": torch.float32, "float64": torch.float64}.get(inner["dtype"]), \
             inner["shape"], inner["data"]
-        if dtype and isinstance(shape, list) and all(type(size) is int and size >= 0 for size in shape) and \
-                isinstance(data, list) and len(data) == math.prod(shape) and all(
-                    type(number) in (int, float) for number in data):
+        sizes = isinstance(shape, list) and all(type(size) is int and 0 <= size < JSON_VALUES for size in shape)
+        if dtype and sizes and isinstance(data, list) and len(data) == math.prod(shape) and all(
+                type(number) in (int, float) for number in data):
             return torch.tensor(data, dtype=dtype).reshape(shape)
     raise ValueError(f"it holds {reprlib.repr(value)}, which is none of the format's tags (or names a tensor that "
                      f"is not in the body, or twice)")
@@ -284,8 +309,9 @@ def restored(data, like):
         if not (isinstance(data, (Stored, torch.Tensor)) and data.dtype == like.dtype and data.shape == like.shape):
             raise ValueError(f"is {described(data)}, not a {like.dtype} tensor of shape {list(like.shape)}")
         data = data.read() if isinstance(data, Stored) else data
-        if data.is_floating_point() and not torch.isfinite(data).all() and torch.isfinite(like).all():
-            raise ValueError("holds nan or inf")
+        bound = min(FLOAT_BOUND, math.sqrt(torch.finfo(data.dtype).max) / 10) if data.is_floating_point() else 0
+        if bound and not (data.abs() <= bound).all() and (like.abs() <= bound).all():  # squares stay finite
+            raise ValueError(f"holds nan or inf, or values beyond {bound:.1e}")
         return data
     if like is None and data is None:
         return data
@@ -299,7 +325,7 @@ def restored(data, like):
         finite = like is None or type(like) is float and math.isfinite(like)  # where the run's own value is
         if finite and not abs(data) <= FLOAT_BOUND:  # nan and inf included
             raise ValueError(f"is {reprlib.repr(data)}, beyond any run's (nan, inf or over {FLOAT_BOUND:g})")
-        return float(data) if type(like) is float else data
+        return data if like is None else type(like)(data)  # as the run holds it: no NumPy scalar where it has none
     if isinstance(like, str):
         if data != like:
             raise ValueError(f"is {reprlib.repr(data)}, not {like!r}")
@@ -383,148 +409,10 @@ def copied(value, device="cpu"):
     return value
 
 
-def derived_fit(normalizer, values: dict, what: str, source: str) -> None:
-    """Statistics whose derived values (the properties of their class: a mean, a std) cannot be computed or are not
-    finite are refused: e.g. a sum of 1e30 over a weight of 1e-200, whose mean squared overflows. A value derived
-    from no data yet (a division by a weight of 0) is left to the run, which never asks for it."""
-    probe = object.__new__(type(normalizer))
-    vars(probe).update(values)
-    for name, member in vars(type(normalizer)).items():
-        if isinstance(member, property):
-            try:
-                value = getattr(probe, name)
-            except ZeroDivisionError:
-                continue
-            except (OverflowError, ValueError) as error:
-                raise SystemExit(f"{source}: its {what}' {name} cannot be computed ({type(error).__name__}): it is "
-                                 f"not this run's.") from None
-            if not math.isfinite(value):
-                raise SystemExit(f"{source}: its {what}' {name} is {value}: it is not this run's.")
-
-
-# ------------------------------------------------------------------------------------------ restoring a run
-def restore_run(checkpoint, saved, envs, next_obs, next_done, source: str, batch_size: int, num_iterations: int,
-                walk) -> tuple:
-    """The second pass: every part (networks, optimizers, normalizers, envs, random state, counters, the script's
-    keys) checked against the rebuilt run, then applied: (global_step, first iteration, next_obs, next_done, returns,
-    keys). Gymnasium envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their
-    statistics. saved: harness.Saved; walk: harness.py's walk of an env stack (layers, normalizers, rng_state)."""
-    extra = sorted(set(checkpoint) - set(KEYS) - set(OPTIONAL_KEYS) - set(saved.keys) - {"kind"})
-    if extra:  # a key of the script's that this run does not keep (e.g. --lstm's memory in a feed-forward run)
-        raise SystemExit(f"{source}: it holds {extra[0]}, which a run with these flags does not: it is not this run's.")
-    iteration, global_step = check_counters(checkpoint, source, batch_size, num_iterations)
-    models = {name: checked(checkpoint["models"].get(name), model.state_dict(), name, source)
-              for name, model in saved.models.items()}
-    optimizers = {name: checked_optimizer(optimizer, checkpoint["optimizers"].get(name), name, source)
-                  for name, optimizer in saved.optimizers.items()}
-    normalizers = {name: checked(checkpoint["normalizers"][name], dict(vars(normalizer)), f"{name} statistics", source)
-                   for name, normalizer in saved.normalizers.items() if name in checkpoint["normalizers"]}
-    for name, values in normalizers.items():
-        derived_fit(saved.normalizers[name], values, f"{name} statistics", source)
-    env_normalizer_states = checked_normalizers(envs, checkpoint["normalizers"], source, walk)
-    rng = checked_rng(checkpoint["rng"], source, walk.rng_state())
-    returns = checked(checkpoint["episode_returns"], deque([0.0], maxlen=100), "episode_returns", source)
-    keys = {key: checked(checkpoint.get(key), like, key, source) for key, like in saved.keys.items()}
-    saved_env = checkpoint["env"]
-    with refused("env stack", source):  # e.g. ppo_ewma.py's until bded84a: NormalizeObservation in each env
-        env_updates, restarts = env_state_updates(walk.layers(envs), saved_env.get("state"))
-        restarts = restarts or probe_env_state(envs, saved_env.get("state"), walk)
-    if restarts is None:
-        next_obs = checked(saved_env.get("next_obs"), next_obs, "next_obs", source)
-        next_done = checked(saved_env.get("next_done"), next_done, "next_done", source)
-    # every part fits: apply them
-    for name, part in {**saved.models, **saved.optimizers}.items():  # (every script names them apart)
-        with refused(name, source):
-            part.load_state_dict(copied({**models, **optimizers}[name]))
-    for name, normalizer in saved.normalizers.items():
-        vars(normalizer).update(copied(normalizers.get(name, {})))
-    if restarts is None:
-        with refused("env state", source):
-            apply_env_state(env_updates)
-        next_obs, next_done = copied(next_obs, next_obs.device), copied(next_done, next_done.device)
-    else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
-        print(f"note: --resume: the envs restart with new episodes ({restarts}).")
-        next_done = torch.ones_like(next_done)
-    walk.apply_normalizers(walk.normalizers(envs), env_normalizer_states)
-    with refused("rng", source):
-        walk.set_rng_state(rng)
-    return global_step, iteration + 1, next_obs, next_done, returns, copied(keys)
-
-
-def check_counters(checkpoint, source: str, batch_size: int, num_iterations: int) -> tuple:
-    """A checkpoint's (iteration, global_step) once they fit the run: an iteration before its last, batch_size each."""
-    with refused("iteration", source):
-        iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
-        if not 0 <= iteration < num_iterations:
-            raise ValueError(f"{iteration} is not one of the run's {num_iterations:,} iterations")
-        if global_step != iteration * batch_size:
-            raise ValueError(f"{iteration} does not go with global_step {global_step} ({batch_size:,} steps each)")
-    return iteration, global_step
-
-
 def load_weights(module, models, name: str, source: str = "The checkpoint") -> None:
     """Load a file's models[name] into `module` once restored() passes it; one sentence otherwise."""
     state = checked(models.get(name) if isinstance(models, dict) else None, module.state_dict(), name, source)
     module.load_state_dict(copied(state))
-
-
-def checked_optimizer(optimizer, state, name: str, source: str) -> dict:
-    """An optimizer's saved state once it fits this run's: the same groups of the same parameters with these flags'
-    settings (the step size may have moved: not negative), each parameter's Adam state (step count, moments of its
-    shape, finite, the second not negative). How the step runs (foreach, fused: the same numbers) is this run's."""
-    own = optimizer.state_dict()
-    with refused(name, source):
-        if not (isinstance(state, dict) and sorted(state, key=repr) == ["param_groups", "state"]
-                and isinstance(state["param_groups"], list) and len(state["param_groups"]) == len(own["param_groups"])):
-            raise ValueError("is not this run's optimizer state")
-        how = ("foreach", "fused", "capturable", "differentiable")  # how the step runs: this run's own choice
-        groups = []
-        for index, own_group in enumerate(own["param_groups"]):
-            group = state["param_groups"][index]
-            try:
-                group = restored_item({index: {key: value for key, value in group.items() if key not in how}
-                                       if isinstance(group, dict) else group},
-                                      {index: {key: value for key, value in own_group.items() if key not in how}},
-                                      index)
-            except ValueError as error:
-                raise ValueError(f"['param_groups']{error}") from None
-            for key, value in group.items():
-                if key == "lr" and not (type(value) is float and value >= 0):
-                    raise ValueError(f"['param_groups'][{index}]['lr'] is {reprlib.repr(value)}, not a step size")
-                if key != "lr" and value != own_group[key]:
-                    raise ValueError(f"['param_groups'][{index}][{key!r}] is {reprlib.repr(value)}, where these "
-                                     f"flags set {own_group[key]!r}")
-            groups.append({**group, **{key: own_group[key] for key in how if key in own_group}})
-        shapes = dict(enumerate(param.shape for group in optimizer.param_groups for param in group["params"]))
-        if not (isinstance(state["state"], dict) and set(state["state"]) <= set(shapes)):
-            raise ValueError("holds the state of parameters it does not have")
-        param_states = {}
-        for index, param_state in state["state"].items():
-            like = {"step": torch.zeros(()), "exp_avg": torch.zeros(shapes[index]),
-                    "exp_avg_sq": torch.zeros(shapes[index])}
-            try:
-                param_states[index] = restored_item(state["state"], {index: like}, index)
-            except ValueError as error:
-                raise ValueError(f"['state']{error}") from None
-            if bool((param_states[index]["exp_avg_sq"] < 0).any()) or param_states[index]["step"] < 0:
-                raise ValueError(f"['state'][{index}] holds a negative step count or second moment")
-        return {"state": param_states, "param_groups": groups}
-
-
-def checked_rng(rng, source: str, own: dict) -> dict:
-    """A saved random state (harness.rng_state()'s) once every part is one this process can take: each checked against
-    this process's own, then tried on a generator of its own (a torch state of random bytes is refused here)."""
-    with refused("rng", source):
-        if not isinstance(rng, dict):
-            raise ValueError("is not a random state")
-        state = {key: restored_item(rng, own, key) for key in ("python", "numpy", "torch")}
-        random.Random().setstate(state["python"])
-        np.random.RandomState().set_state((state["numpy"][0], np.array(state["numpy"][1], dtype=np.uint32),
-                                           *state["numpy"][2:]))
-        torch.Generator().set_state(state["torch"].clone())
-        if "cuda" in rng and "cuda" in own and isinstance(rng["cuda"], list) and len(rng["cuda"]) == len(own["cuda"]):
-            state["cuda"] = restored_item(rng, own, "cuda")
-        return state
 
 
 # ------------------------------------------------------------------------------------------- the env stack's state
@@ -545,100 +433,3 @@ def load_normalizers(envs, states, walk, source: str = "The checkpoint") -> None
     """A file's statistics into an evaluation's env stack, checked, then frozen."""
     states = states if isinstance(states, dict) else {}
     walk.apply_normalizers(walk.normalizers(envs), checked_normalizers(envs, states, source, walk), freeze=True)
-
-
-def env_state_updates(layers, saved) -> tuple:
-    """harness.env_state's data, each attribute restored() against the rebuilt stack's `layers` (harness.env_layers:
-    [(layer, {attribute: value})], or why its state is not data), settings equal: ([(layer, attribute, value)], None),
-    or ([], why the envs restart instead, in this module's words); other layers: ValueError."""
-    if isinstance(layers, str):
-        return [], layers
-    if not (isinstance(saved, dict) and isinstance(saved.get("layers"), list)):
-        return [], "the checkpoint holds no state of these envs"
-    if [type(layer).__name__ for layer, _ in layers] != [
-            saved_layer.get("class") if isinstance(saved_layer, dict) else None for saved_layer in saved["layers"]]:
-        raise ValueError("has other layers than these flags build (another version of the script or of Gymnasium "
-                         "wrote it: resume it with that version)")
-    updates = []
-    for (layer, keys), saved_layer in zip(layers, saved["layers"]):
-        state, name = saved_layer.get("state"), type(layer).__name__
-        if not (isinstance(state, dict) and set(state) == set(keys)):
-            return [], f"the checkpoint's {name} has other attributes than the rebuilt one"
-        for key, like in keys.items():
-            try:
-                if key in SETTINGS and not (type(state[key]) is type(like) and state[key] == like):
-                    raise ValueError(f"is {reprlib.repr(state[key])}, where these flags set {like!r}")
-                updates.append((layer, key, restored(state[key], like)))
-            except ValueError as error:
-                return [], f"the checkpoint's {said(f'{name}.{key}', error)}"
-    return updates, None
-
-
-def apply_env_state(updates) -> None:
-    for layer, key, value in updates:
-        current = getattr(layer, key)
-        if type(current).__name__ == "MjData":  # the integration state, into the rebuilt simulator
-            mujoco = sys.modules["mujoco"]
-            mujoco.mj_setState(current.model, current, value.numpy().copy(), mujoco.mjtState.mjSTATE_INTEGRATION)
-        else:
-            setattr(layer, key, copied(value))
-
-
-def probe_env_state(envs, saved, walk) -> Optional[str]:
-    """Why a saved env state that passed every check still cannot run (an env told it was never reset, a screen it
-    never opened), tried on a copy of the rebuilt stack that steps once and closes; None if it runs, or if the stack
-    cannot be copied. The random state is put back after."""
-    import copy
-
-    rng = walk.rng_state()
-    try:
-        probe = copy.deepcopy(envs)
-    except Exception:
-        return None
-    try:
-        apply_env_state(env_state_updates(walk.layers(probe), saved)[0])
-        space = probe.single_action_space
-        action = np.zeros(space.shape, space.dtype)
-        action = np.clip(action, space.low, space.high) if hasattr(space, "low") else action
-        probe.step(np.stack([action] * probe.num_envs))
-        probe.close()
-    except Exception as error:
-        return f"the checkpoint's env state cannot step ({type(error).__name__})"
-    finally:
-        walk.set_rng_state(rng)
-    return None
-
-
-# ------------------------------------------------------------------------------------------ the run directory
-def check_run_dir(run_dir: str, source: str) -> None:
-    """A run directory this project made holds folders at most WALK_DEPTH deep and regular files of one name each: one
-    that is a link, holds a link, a hard link (a write into it lands outside too) or anything else, or cannot be
-    walked or written, is refused in one sentence, every name in it escaped."""
-    folders = [(run_dir, 0)]
-    try:
-        while folders:  # without recursion
-            folder, depth = folders.pop()
-            if not stat.S_ISDIR(os.lstat(folder).st_mode):
-                raise SystemExit(f"{source}: {shown(folder)} is a link, not a directory: resume the checkpoint where "
-                                 f"it lies.")
-            with os.scandir(folder) as entries:
-                for entry in entries:
-                    info = entry.stat(follow_symlinks=False)
-                    if stat.S_ISDIR(info.st_mode) and depth < WALK_DEPTH:
-                        folders.append((entry.path, depth + 1))
-                    elif not stat.S_ISREG(info.st_mode) or info.st_nlink > 1:
-                        what = {stat.S_IFLNK: "a link", stat.S_IFREG: "a hard link", stat.S_IFDIR: "folders nested "
-                                f"deeper than {WALK_DEPTH}"}.get(stat.S_IFMT(info.st_mode), "a special file")
-                        raise SystemExit(f"{source}: its directory holds {what}, {shown(entry.path)}, which no run "
-                                         f"makes: the resumed run would write through it; resume a copy of the "
-                                         f"checkpoint in a directory of its own.")
-    except OSError as error:
-        raise SystemExit(f"{source}: its directory cannot be walked ({error.strerror}: "
-                         f"{shown(str(error.filename))[:200]}).") from None
-    for name, kind in (("model.safetensors", "a file"), ("checkpoint.safetensors", "a file"), ("run.lock", "a file"),
-                       ("videos", "a directory")):  # what the run will write, in the way
-        path = os.path.join(run_dir, name)
-        if os.path.exists(path) and os.path.isdir(path) != (kind == "a directory"):
-            raise SystemExit(f"{source}: its directory holds {shown(path)}, which the run writes as {kind}.")
-    if not os.access(run_dir, os.W_OK):
-        raise SystemExit(f"{source}: its directory {shown(run_dir)} is not writable.")

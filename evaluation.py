@@ -1,6 +1,7 @@
 """Evaluation and video, loaded only when a flag asks: --eval-checkpoint (play a saved policy), --eval-every (play the
-acting policy during training) and --capture-video. harness.py reads the file and builds the envs and the policy; this
-module plays, films and logs. It imports none of the project's modules but tracking.py, with --track.
+acting policy during training) and --capture-video. harness.py checks the flags and builds the envs, checkpoints.py
+reads the file; this module acts, plays, films and logs. It imports none of the project's modules but tracking.py,
+with --track; harness.py hands it the run and the walk of an env stack (harness.ENV_WALK).
 """
 import dataclasses
 import importlib.util
@@ -10,9 +11,11 @@ import threading
 
 import gymnasium as gym
 import numpy as np
+import torch
 from torch.utils.tensorboard import SummaryWriter
 
 VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
+EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this, apart from every training env
 
 
 def check_video(env_id, procgen_games=()) -> None:
@@ -44,13 +47,54 @@ def film(envs, run_dir: str, episodes=None):
         return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"), record_first_only=True,
                                                episode_trigger=lambda k: round(k ** (1 / 3)) ** 3 == k if k < 1000
                                                else k % 1000 == 0)
-    return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"), episode_trigger=lambda k: k < episodes)
+    return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
+                                           episode_trigger=lambda k: k < episodes)
 
 
 def acting(args) -> str:
     """How evaluation acts, in words."""
     return "actions the policy's mode (--eval-deterministic)" if args.eval_deterministic else \
         "actions sampled as in training"
+
+
+def actor(sample, envs, device, source: str = ""):
+    """act(obs, the last step's reward and done) (NumPy) -> env actions: the script's acting policy, sample(obs, reward,
+    done) (float32 tensors; harness.Script.acting_policy), without gradient, Box actions clipped to their bounds as in
+    training. A policy whose outputs are not finite stops with source's sentence (a file's)."""
+    space = envs.single_action_space
+    dtype = torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
+
+    @torch.no_grad()
+    def act(obs, reward, done):
+        obs = torch.as_tensor(obs, dtype=dtype, device=device)
+        try:
+            action = sample(obs, *(torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)))
+        except SystemExit as error:  # harness.check_policy's
+            raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:-1]} (its weights and statistics made "
+                             f"them so: it is not a trained run's).") if source else error from None
+        action = action.cpu().numpy()
+        return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
+    return act
+
+
+def play_during_training(run, walk):
+    """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), with the
+    training envs' observation statistics frozen and the run's weights; the random state put back after. None if a
+    signal stopped it."""
+    args, rng = run.args, walk.rng_state()
+    num_episodes, seed = args.eval_episodes, args.seed + EVAL_SEED_OFFSET
+    if run.eval_envs is None:
+        run.eval_envs = run.script.make_env(dataclasses.replace(args, num_envs=num_episodes, seed=seed))
+    states = walk.normalizer_states(run.envs)
+    num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
+    walk.apply_normalizers(walk.normalizers(run.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
+                                                             for i in range(num_episodes)} if num_obs else {}, True)
+    weights = {name: model.state_dict() for name, model in run.saved.models.items()}
+    load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
+    act = actor(run.script.acting_policy(args, run.eval_envs, load, run.device), run.eval_envs, run.device)
+    returns = play(run.eval_envs, act, num_episodes, seed, stopping=lambda: run.stop_signal is not None)
+    walk.set_rng_state(rng)
+    return returns
 
 
 def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):

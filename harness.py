@@ -12,10 +12,10 @@ flattened observations, chunked passes). A script describes itself in a `Script`
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
-What only some runs use is a module of its own, imported only where a flag asks (service()), which imports none of
+What only some runs use is a module of its own, imported only where a flag asks (service()) and importing none of
 this one: reading a checkpoint (checkpoints.py: --resume, --eval-checkpoint), evaluation and video (evaluation.py),
-torchrun's workers (workers.py) and W&B (tracking.py). This module never imports a script and holds no algorithm: the
-hyperparameters, the env stack and the gradient steps are the scripts' own.
+torchrun's workers (workers.py), W&B (tracking.py). This module composes them and hands each what it uses. It never
+imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient steps are the scripts'.
 """
 import ctypes
 import dataclasses
@@ -51,7 +51,6 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.safetensors: at most this much work is lost to a crash
-EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this, apart from every training env
 PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
 COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
     "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
@@ -69,7 +68,8 @@ HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), whic
 WORKERS = None  # workers.py under torchrun; None in one process, where each collective below does nothing
 BF16_ON_CPU = {  # said at the start of a CPU run with --bf16: what docs/speed.md#--bf16-on-the-cpu measured there
     "amx_bf16": "AMX: a 2-core Intel Xeon with AMX ran the main job's iteration 1.60x as fast as float32",
-    "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x on an AMD EPYC, 0.84x on an Intel Xeon",
+    "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x on an AMD EPYC, 0.84x on an Intel Xeon (in "
+                   "earlier sessions, their outputs not kept)",
     None: "neither amx_bf16 nor avx512_bf16 listed: bfloat16 emulated made the CNN 12-13x slower than float32"}
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
@@ -260,25 +260,6 @@ def obs_dtype(envs) -> torch.dtype:
     return torch.uint8 if envs.single_observation_space.dtype == np.uint8 else torch.float32
 
 
-def actor(sample: Callable, envs, device, source: str = "") -> Callable:
-    """act(obs, the last step's reward and done) (NumPy) -> env actions, for evaluation: the script's acting policy,
-    sample(obs, reward, done) (float32 tensors; see Script.acting_policy), without gradient, Box actions clipped to
-    their bounds as in training. A policy whose outputs are not finite stops with source's sentence (a file's)."""
-    space, dtype = envs.single_action_space, obs_dtype(envs)
-
-    @torch.no_grad()
-    def act(obs, reward, done):
-        obs = torch.as_tensor(obs, dtype=dtype, device=device)
-        try:
-            action = sample(obs, *(torch.as_tensor(x, dtype=torch.float32, device=device) for x in (reward, done)))
-        except NotFinite as error:
-            raise SystemExit(f"{source}: {error.code[0].lower()}{error.code[1:-1]} (its weights and statistics made "
-                             f"them so: it is not a trained run's).") if source else error from None
-        action = action.cpu().numpy()
-        return np.clip(action, space.low, space.high) if isinstance(space, gym.spaces.Box) else action
-    return act
-
-
 @torch.no_grad()
 def in_chunks(forward: Callable, obs, chunk_size: int):
     """forward(obs) without gradient, chunk_size rows at a time: the same numbers as one pass. On the CPU this
@@ -289,44 +270,65 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
 # ------------------------------------------------------------------------------------- a run's life
 def run_flags(args, script: Script) -> tuple:
     """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
-    with --resume the checkpoint's, and the checkpoint. Returns (flags, checkpoint or None). From here on, a signal
-    stops the run at once (catch_signals) until its Run takes over."""
+    with --resume the checkpoint's (checkpoints.py reads it) with this command line's output and tracking flags.
+    Returns (flags, checkpoint or None). From here on a signal stops the run at once, until its Run takes over."""
     catch_signals()
     try:
-        return checked_flags(args, script)
+        checkpoint = None
+        if args.resume is not None:  # the checkpoint's flags, with this command line's output and tracking flags
+            args, checkpoint = service("resume", "--resume").resumed(args, script, given_flags(args, script),
+                                                                     (*OUTPUT_FLAGS, *TRACKING_FLAGS))
+        check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
+                     f"--resume {args.resume}: the checkpoint's flag ")
+        name, directory = args.exp_name, script.run_name(args)
+        if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
+            raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
+                             f"{len(directory)} characters; at most 240 fit: shorten them.")
+        if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
+            raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most "
+                             f"{NAME_LENGTH} characters: it names the run's directory in runs/.")
+        return args, checkpoint
     except BaseException:
         give_back_signals()
         raise
-
-
-def checked_flags(args, script: Script) -> tuple:
-    args, checkpoint = resume_from(args, script)
-    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
-                 f"--resume {args.resume}: the checkpoint's flag ")
-    name, directory = args.exp_name, script.run_name(args)
-    if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
-        raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
-                         f"{len(directory)} characters; at most 240 fit: shorten them.")
-    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
-        raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most {NAME_LENGTH} "
-                         f"characters: it names the run's directory in runs/.")
-    return args, checkpoint
 
 
 def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
     """Everything from the flags up to the envs, which the script makes next (run.open): the torchrun workers, the
     checks of the run's Args (before any work and any run directory), seeds and device. args: the hyperparameters
     (num_envs: the total over all workers); flags: run_flags' flags they came from, which checkpoints keep."""
+    global WORKERS
+    flags = args if flags is None else flags
     try:
-        return started(script, args, checkpoint, num_iterations, args if flags is None else flags)
+        rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+        torchrun = world_size > 1 or "LOCAL_RANK" in os.environ  # torchrun sets LOCAL_RANK; python does not
+        if torchrun and script.worker_share is None:
+            raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
+        cuda, workers = torch.cuda.is_available() and args.cuda, service("workers", "torchrun") if torchrun else None
+        if workers:  # this worker's GPU before anything touches CUDA (check_args does)
+            workers.take_gpu(cuda)
+        check_args(args, script)  # a bad flag is named as in a single process
+        if workers:  # each worker's share of the envs, checked as a run of its own, before the workers join
+            workers.join(cuda, rank, world_size, flags.num_envs, args.num_envs, lambda rank: script.worker_share(
+                args, rank, world_size), lambda share: script.check_args(share, *check_spaces(args.env_id, script)))
+            WORKERS = workers  # the collectives below are workers.py's until the run ends
+        run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # its envs and seed
+        seed_everything(run_args.seed)
+        torch.backends.cudnn.deterministic = run_args.torch_deterministic
+        device, device_note = choose_device(args.cuda)
+        if args.bf16 and device.type == "cpu":
+            cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+            print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)}; benchmark/bf16.py times it here "
+                  f"(docs/speed.md)")
+        return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
     except BaseException:
         give_back_signals()
         raise
 
 
 def catch_signals() -> None:
-    """Ctrl-C and SIGTERM stop at once (stop_at_once) while a run starts: its flags, a checkpoint read, its checks.
-    The handlers before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
+    """Ctrl-C and SIGTERM stop at once while a run starts (its flags, a checkpoint read, its checks); the handlers
+    before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             HANDLERS_BEFORE_START.setdefault(sig, signal.signal(sig, stop_at_once))
@@ -340,52 +342,6 @@ def stop_at_once(signum, frame) -> None:
 def give_back_signals() -> None:
     for sig in list(HANDLERS_BEFORE_START):
         signal.signal(sig, HANDLERS_BEFORE_START.pop(sig))
-
-
-def started(script: Script, args, checkpoint, num_iterations: int, flags) -> "Run":
-    global WORKERS
-    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
-    if checkpoint is not None:  # a checkpoint holds the envs, RNG and statistics of as many workers as wrote it
-        written_by = 1 + len(checkpoint.get("workers", []))
-        if written_by != world_size:
-            how = f"torchrun --nproc_per_node {written_by}" if written_by > 1 else "python, in one process"
-            raise SystemExit(f"--resume {args.resume}: its checkpoint holds the envs of {plural(written_by, 'worker')}"
-                             f", not {world_size}: resume it with {how}.")
-    torchrun = world_size > 1 or "LOCAL_RANK" in os.environ  # torchrun sets LOCAL_RANK; python does not
-    if torchrun and script.worker_share is None:
-        raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
-    cuda = torch.cuda.is_available() and args.cuda
-    if torchrun:  # this worker's GPU before anything touches CUDA (check_args does)
-        workers = service("workers", "torchrun")
-        workers.take_gpu(cuda)
-    check_args(args, script)  # a bad flag is named as in a single process
-    if torchrun:  # each worker's share of the envs, checked as a run of its own, before the workers join
-        total = f"--num-envs {flags.num_envs}" + (f", adjusted to {args.num_envs}," if args.num_envs != flags.num_envs
-                                                  else "")
-        if args.num_envs % world_size != 0:
-            raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
-                             f"torchrun workers.")
-        share = script.worker_share(args, rank, world_size)  # it may stop too, e.g. on a total W does not divide
-        try:  # e.g. the minibatches must now split each worker's envs
-            script.check_args(share, *check_spaces(args.env_id, script))
-        except SystemExit as error:
-            raise SystemExit(f"With {world_size} torchrun workers each one runs {args.num_envs // world_size} of the "
-                             f"{total.rstrip(',')} envs: {error}") from None
-        workers.join(cuda, rank)
-        WORKERS = workers  # the collectives below are workers.py's until the run ends
-    run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # this worker's envs and seed
-    seed_everything(run_args.seed)
-    torch.backends.cudnn.deterministic = run_args.torch_deterministic
-    device, device_note = choose_device(args.cuda)
-    if args.bf16 and device.type == "cpu":
-        cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-        print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)}; benchmark/bf16.py times it here (docs/speed.md)")
-    return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
-
-
-def set_workers(workers) -> None:
-    global WORKERS
-    WORKERS = workers
 
 
 def seed_everything(seed: int) -> None:
@@ -409,13 +365,6 @@ def duration(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
 
 
-def saves_note(args) -> str:
-    every = args.checkpoint_every
-    cadence = f"every {plural(every, 'iteration')}" if every else f"every {CHECKPOINT_MINUTES} minutes"
-    return ("no checkpoint.safetensors" if every == 0 else f"checkpoint.safetensors {cadence} and at the end") + (
-        ", model.safetensors at the end" if args.save_model else "")
-
-
 class Run:
     """A run in progress and the hooks train() calls. command_args: the flags (command line or --resume), which
     checkpoints keep; hyperparameters: the Args it trains with; args: this process's share (a torchrun worker's)."""
@@ -425,37 +374,37 @@ class Run:
         self.script, self.command_args, self.args, self.checkpoint = script, command_args, args, checkpoint
         self.hyperparameters, self.num_iterations, self.device_note = hyperparameters, num_iterations, device_note
         self.rank, self.world_size, self.device = rank, world_size, device
-        self.envs, self.run_dir, self.writer, self.lock = None, None, Writer(), None
+        self.envs, self.run_dir, self.writer, self.lock, self.dir_fd = None, None, Writer(), None, None
         self.episode_returns = deque(maxlen=100)  # raw returns of the last 100 finished episodes
         self.episodes = []  # (step, return, length) of the episodes that ended in this rollout
         self.checkpoints = command_args.checkpoint_every != 0
         self.sps, self.stop_signal, self.old_handlers, self.eval_envs = 0, None, {}, None
         self.wandb_run_id, self.keys = None, {}  # --track: the W&B run's id; the script's restored checkpoint keys
         self.render_mode = "rgb_array" if args.capture_video else None  # make_env's: --capture-video films env 0
-        self.dir_fd, self.origin = None, ("training made them so" if checkpoint is None else
-                                          f"the run resumed from --resume {command_args.resume}, whose weights, "
-                                          f"statistics and env state it trained on")
+        self.origin = ("training made them so" if checkpoint is None else f"the run resumed from --resume "
+                       f"{command_args.resume}, whose weights, statistics and env state it trained on")
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
             self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
 
     def open(self, envs):
-        """The script's envs, made right after the seeding: then the run directory and its lock, TensorBoard (and
-        W&B with --track), the start-up block. Returns the envs, with --capture-video recording env 0's episodes."""
+        """The script's envs, made right after the seeding: then the run directory, opened once, and its lock, the
+        start-up block. Returns the envs, with --capture-video recording env 0's episodes."""
         script, args, flags, checkpoint = self.script, self.args, self.command_args, self.checkpoint
         self.envs = envs
-        if checkpoint is not None:  # before anything is written, TensorBoard's purge of the steps after it included
-            sys.modules["checkpoints"].check_counters(checkpoint, f"--resume {flags.resume}", self.world_size *
-                                                      args.num_envs * args.num_steps, self.num_iterations)
         tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
-        if self.rank == 0:  # the run directory, opened once: checkpoints and models go where the checks looked
+        if self.rank == 0:  # checkpoints and models go where the checks looked
             self.run_dir = make_run_dir(flags, script.run_name(args))
             try:
                 self.dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
             except OSError as error:
                 raise SystemExit(f"{shown(self.run_dir)} cannot be opened ({error.strerror}).") from None
             self.lock = lock_run_dir(self.run_dir, self.dir_fd)
-        lines = {"steps": script.describe(self.hyperparameters, self.num_iterations)}
+        every, saves = flags.checkpoint_every, ", model.safetensors at the end" if flags.save_model else ""
+        lines = {"steps": script.describe(self.hyperparameters, self.num_iterations),
+                 "saves": ("no checkpoint.safetensors" if every == 0 else "checkpoint.safetensors every " + (
+                     plural(every, "iteration") if every else f"{CHECKPOINT_MINUTES} minutes") + " and at the end")
+                 + saves}
         if checkpoint is not None:
             lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
                                  f"from {flags.resume}")
@@ -469,35 +418,35 @@ class Run:
         if args.capture_video:
             episodes = ", ".join(map(str, service("evaluation", "--capture-video").VIDEO_EPISODES))
             lines["films"] = f"env 0's episodes {episodes}, ... into {self.run_dir}/videos"
-        print_startup(script, args.env_id, self.device_note, self.run_dir, dict(lines, saves=saves_note(flags)))
+        print_startup(script, args.env_id, self.device_note, self.run_dir, lines)
         suggest_recipe(self.hyperparameters, script)
         before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
-        changes = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in vars(before)
-                            if getattr(before, name) != getattr(after, name))
-        if changes:
-            print(f"adjusted from the flags:\n{changes}")
-        self.adjusted = changes
+        self.adjusted = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in
+                                  vars(before) if getattr(before, name) != getattr(after, name))
+        if self.adjusted:
+            print(f"adjusted from the flags:\n{self.adjusted}")
         if args.capture_video and self.rank == 0:
             self.envs = service("evaluation", "--capture-video").film(envs, self.run_dir)
         return self.envs
 
     def restore(self, saved, next_obs, next_done) -> tuple:
         """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
-        first (checkpoints.restore_run): (global_step, first iteration, next_obs, next_done); keys: run.restored."""
+        first (checkpoints.restore_run); then open the logs (TensorBoard, W&B with --track), which a refused resume
+        never touches. Returns (global_step, first iteration, next_obs, next_done); keys: run.restored."""
         assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
-        self.saved, global_step, first_iteration = saved, 0, 1
+        self.saved, global_step, first_iteration, refusal = saved, 0, 1, None
         if self.checkpoint is not None:
-            batch_size = self.world_size * self.args.num_envs * self.args.num_steps
-            checkpoints, refusal = sys.modules["checkpoints"], None
+            resume, checkpoints = sys.modules["resume"], sys.modules["checkpoints"]
             try:  # each worker checks its own part (its envs, random state, statistics) as rank 0 checks its own
-                global_step, first_iteration, next_obs, next_done, returns, self.keys = checkpoints.restore_run(
+                global_step, first_iteration, next_obs, next_done, returns, self.keys = resume.restore_run(
                     checkpoints.worker_view(self.checkpoint, self.rank), saved, self.envs, next_obs, next_done,
-                    f"--resume {self.command_args.resume}", batch_size, self.num_iterations, ENV_WALK)
+                    f"--resume {self.command_args.resume}", self.world_size * self.args.num_envs * self.args.num_steps,
+                    self.num_iterations, ENV_WALK)
                 self.episode_returns.extend(returns)
             except SystemExit as error:
                 refusal = str(error.code)
             self.stop_if_refused(refusal)
-        if self.rank == 0:  # the logs open once a resume is known to fit: a refused one writes nothing (torchrun: rank 0)
+        if self.rank == 0:  # torchrun: rank 0 alone logs
             if self.args.track:  # before the writer, whose scalars it syncs (tracking.py)
                 self.wandb_run_id = service("tracking", "--track").start(self.command_args, self.run_dir, (
                     self.checkpoint or {}).get("wandb_run_id"))
@@ -505,8 +454,7 @@ class Run:
             if self.adjusted and self.checkpoint is None:
                 self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
-        self.last_eval_step = global_step
-        self.start_step, self.start_time = global_step, time.time()
+        self.last_eval_step, self.start_step, self.start_time = global_step, global_step, time.time()
         self.progress = Progress(self.num_iterations * self.world_size * self.args.num_envs * self.args.num_steps,
                                  global_step)
         self.last_returns = list(self.episode_returns)  # the progress line's
@@ -533,8 +481,9 @@ class Run:
             raise SystemExit(refusal)
 
     def check_policy(self, pi) -> None:
-        """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled."""
-        check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}")
+        """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled
+        (torchrun: every worker, where any worker's are not)."""
+        check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}", any_worker)
 
     def after_step(self, global_step: int, info: dict) -> None:
         """After each vector env step: note the episodes that ended (their raw score), move the progress bar."""
@@ -558,14 +507,15 @@ class Run:
         self.progress.set_status(f"updating: {what}")
 
     def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
-        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write checkpoint.safetensors when
-        due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: the keys."""
+        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write
+        checkpoint.safetensors when due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then
+        stop). extra: the script's keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
         every = self.command_args.eval_every
         if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
             self.progress.set_status("evaluating")
-            returns = self.play_episodes()
+            returns = service("evaluation", "--eval-every").play_during_training(self, ENV_WALK)
             if returns is not None:  # None: a signal stopped the evaluation
                 self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
                 self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
@@ -585,25 +535,6 @@ class Run:
         self.last_safe_iteration = iteration
         if stop:
             self.stop(iteration, global_step)
-
-    def play_episodes(self):
-        """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), the
-        training envs' observation statistics frozen, the random state put back after; None if a signal stopped it."""
-        rng, num_episodes, seed = rng_state(), self.command_args.eval_episodes, self.args.seed + EVAL_SEED_OFFSET
-        if self.eval_envs is None:
-            self.eval_envs = self.script.make_env(dataclasses.replace(self.args, num_envs=num_episodes, seed=seed))
-        states = normalizer_states(self.envs)
-        num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-        apply_normalizers(env_normalizers(self.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
-                                                            for i in range(num_episodes)} if num_obs else {}, True)
-        weights = {name: model.state_dict() for name, model in self.saved.models.items()}
-        load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
-        act = actor(self.script.acting_policy(self.args, self.eval_envs, load, self.device), self.eval_envs,
-                    self.device)
-        returns = service("evaluation", "--eval-every").play(self.eval_envs, act, num_episodes, seed,
-                                                            stopping=lambda: self.stop_signal is not None)
-        set_rng_state(rng)
-        return returns
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
         """Write a checkpoint into the run directory. torchrun: every worker calls it; rank 0 writes one file that
@@ -641,6 +572,7 @@ class Run:
 
     def release(self) -> None:
         """Close the envs, the writers and the group of workers, let go of the lock, put the signal handlers back."""
+        global WORKERS
         self.envs.close()
         if self.eval_envs is not None:
             self.eval_envs.close()
@@ -649,7 +581,7 @@ class Run:
             sys.modules["tracking"].finish()
         if WORKERS:  # leave the group of workers
             WORKERS.leave()
-            set_workers(None)
+            WORKERS = None
         if self.lock is not None and self.lock in LOCKS_HELD.values():
             os.close(LOCKS_HELD.pop(next(path for path, fd in LOCKS_HELD.items() if fd == self.lock)))
         if self.dir_fd is not None:
@@ -675,15 +607,12 @@ class Run:
 
     def stop(self, iteration, global_step) -> None:
         """Close the run after a signal: say where it stopped and how to resume; exit with 128 + the signal."""
-        signum = self.stop_signal
+        signum, path = self.stop_signal, f"{self.run_dir}/checkpoint.safetensors"
         self.close(global_step)
         print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
-              f"(step {global_step:,})" + (f"; checkpoint {self.run_dir}/checkpoint.safetensors" if self.checkpoints else ""))
-        if self.checkpoints:
-            path = f"{self.run_dir}/checkpoint.safetensors"
-            print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}")
-        else:
-            print("no checkpoint was written (--checkpoint-every 0), so this run cannot be resumed")
+              f"(step {global_step:,})" + (f"; checkpoint {path}" if self.checkpoints else ""))
+        print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}" if self.checkpoints
+              else "no checkpoint was written (--checkpoint-every 0), so this run cannot be resumed")
         raise SystemExit(128 + signum)
 
 
@@ -699,61 +628,20 @@ def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
         " ".join(flags)
 
 
-# ----------------------------------------------------------------------------- resume: flags and run directory
-def resume_from(args, script: Script) -> tuple:
-    """--resume PATH: (the checkpoint's Args with this command line's output and tracking flags, the checkpoint, read
-    by checkpoints.py); without it (args, None). The run writes into the checkpoint's directory: one that holds a newer
-    checkpoint, a finished run's model or a link is refused; a finished run's checkpoint continues nothing."""
-    if args.resume is None:
-        return args, None
-    given = given_flags(args, script)
-    refused = sorted(given - {"resume", "env_id", *OUTPUT_FLAGS, *TRACKING_FLAGS})
-    if refused:
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {flag_names(refused)} "
-                         f"(it takes {flag_names((*OUTPUT_FLAGS, *TRACKING_FLAGS))}, and --env-id as the "
-                         f"checkpoint's own).")
-    source, checkpoints = f"--resume {args.resume}", service("checkpoints", "--resume")
-    checkpoint = checkpoints.read(args.resume, "--resume", script, kinds=("checkpoint",))
-    resumed = checkpoints.checkpoint_args(checkpoint, script, source)
-    confirm_env_id(resumed.env_id, given, args, "--resume")
-    run_id = checkpoint.get("wandb_run_id")  # continued only where this command line asks for --track
-    if run_id is not None and not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", run_id):
-        raise SystemExit(f"{source}: its wandb_run_id {reprlib.repr(run_id)} is not a W&B run id.")
-    resumed = dataclasses.replace(resumed, resume=args.resume, **{name: getattr(args, name)
-                                                                  for name in (*OUTPUT_FLAGS, *TRACKING_FLAGS)})
-    run_dir = os.path.dirname(args.resume) or "."
-    checkpoints.check_run_dir(run_dir, source)
-    if checkpoint["iteration"] > checkpoint["num_iterations"]:
-        raise SystemExit(f"{source}: its iteration {checkpoint['iteration']:,} is beyond its run's "
-                         f"{checkpoint['num_iterations']:,}: it is not a checkpoint a run wrote.")
-    newest, model = (os.path.join(run_dir, name) for name in ("checkpoint.safetensors", "model.safetensors"))
-    if checkpoint["iteration"] == checkpoint["num_iterations"]:
-        print(f"{source}: that run already finished all {checkpoint['iteration']:,} iterations; " + (
-            f"its model is {model}." if os.path.exists(model) else
-            f"play it: python {script.name} --eval-checkpoint {shlex.quote(args.resume)}"))
-        raise SystemExit(0)
-    kept = model if os.path.exists(model) else newest if os.path.exists(newest) and not os.path.samefile(
-        newest, args.resume) else None
-    if kept:
-        raise SystemExit(f"{source}: its directory holds {kept}, which the resumed run would overwrite; to branch "
-                         f"from this checkpoint, copy it into a directory of its own and resume the copy.")
-    return resumed, checkpoint
-
-
 def service(module: str, flag: str):
-    """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file is not
-    beside the scripts, one sentence says to copy it."""
+    """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file, or that
+    of one it imports (resume.py: checkpoints.py), is not beside the scripts, one sentence says to copy it."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
-        if error.name != module:
+        if error.name not in (module, "checkpoints"):
             raise
-        raise SystemExit(f"{flag} needs {module}.py beside the script, and it is not there: copy it from this "
+        raise SystemExit(f"{flag} needs {error.name}.py beside the script, and it is not there: copy it from this "
                          f"project.") from None
 
 
 def lock_run_dir(run_dir: str, dir_fd: int) -> int:
-    """One writer per run directory (dir_fd, opened): run.lock, opened never through a link, locked (flock) while the
+    """One writer per run directory (dir_fd, opened): run.lock, never opened through a link, locked (flock) while the
     run lives and holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this
     process, its own)."""
     path = os.path.join(run_dir, "run.lock")
@@ -794,18 +682,6 @@ def given_flags(args, script: Script) -> set:
 def flag_names(names) -> str:
     """ "--a, --b-c" of the fields a, b_c."""
     return ", ".join("--" + name.replace("_", "-") for name in names)
-
-
-def confirm_env_id(env_id: str, given: set, args, flag: str) -> None:
-    """A checkpoint's env id names the env a run continues or plays on; one with a module part, `module:EnvId`,
-    would import (run) that module, so it is used only where this command line names the same id."""
-    if "env_id" in given and args.env_id != env_id:
-        raise SystemExit(f"--env-id {args.env_id} is not the checkpoint's env id {env_id!r}: {flag} runs on the "
-                         f"checkpoint's own env (drop --env-id).")
-    if ":" in env_id and "env_id" not in given:
-        raise SystemExit(f"{flag} {getattr(args, flag[2:].replace('-', '_'))}: its env id {env_id!r} imports a module "
-                         f"of its own, which runs its code; pass --env-id {shlex.quote(env_id)} as well if you trust "
-                         f"that module.")
 
 
 # ------------------------------------------------------------------------------ checkpoints: what a run writes
@@ -955,6 +831,16 @@ def rng_state() -> dict:
             **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
 
 
+def set_rng_state(rng: dict) -> None:
+    """Put back a random state of rng_state()'s (checkpoints.py: once checked_rng passed it)."""
+    random.setstate(rng["python"])
+    numpy_state = rng["numpy"]
+    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
+    torch.set_rng_state(rng["torch"].clone())
+    if "cuda" in rng:
+        torch.cuda.set_rng_state_all([state.clone() for state in rng["cuda"]])
+
+
 def env_normalizers(envs) -> dict:
     """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
     NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i, or a vector wrapper's obs_rms[i])."""
@@ -977,6 +863,15 @@ def normalizer_states(envs) -> dict:
     """{name: {"mean", "var", "count"}} of the running statistics in a vector env stack (see env_normalizers)."""
     return {name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
             for name, (_, rms) in env_normalizers(envs).items()}
+
+
+def apply_normalizers(normalizers: dict, states: dict, freeze: bool = False) -> None:
+    """Put statistics (checked) into an env stack's normalizers ({name: (wrapper, rms)}); `freeze` stops them."""
+    for name, (wrapper, rms) in normalizers.items():
+        if name in states:
+            mean, var, count = states[name]["mean"], states[name]["var"], states[name]["count"]
+            rms.mean, rms.var, rms.count = np.array(mean.numpy()), np.array(var.numpy()), count
+        wrapper.update_running_mean = not freeze
 
 
 # The env stack's state, written as plain data, layer by layer: each wrapper, the vector env, and each sub-env's
@@ -1039,33 +934,15 @@ def env_state(envs) -> dict:
     if isinstance(layers, str):
         return {"restarts": layers}
     try:
-        return {"layers": [{"class": type(layer).__name__, "state": {key: to_data(value) for key, value in keys.items()}}
-                           for layer, keys in layers]}
+        return {"layers": [{"class": type(layer).__name__, "state": {key: to_data(value) for key, value in
+                                                                       keys.items()}} for layer, keys in layers]}
     except TypeError as error:
         return {"restarts": f"an env layer holds {error}, which cannot be saved as data"}
 
 
-def set_rng_state(rng: dict) -> None:
-    """Put back a random state of rng_state()'s (checkpoints.py: once checked_rng passed it)."""
-    random.setstate(rng["python"])
-    numpy_state = rng["numpy"]
-    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
-    torch.set_rng_state(rng["torch"].clone())
-    if "cuda" in rng:
-        torch.cuda.set_rng_state_all([state.clone() for state in rng["cuda"]])
-
-
-def apply_normalizers(normalizers: dict, states: dict, freeze: bool = False) -> None:
-    """Put statistics (checkpoints.py: checked) into an env stack's normalizers ({name: (wrapper, rms)}); `freeze` stops them."""
-    for name, (wrapper, rms) in normalizers.items():
-        if name in states:
-            mean, var, count = states[name]["mean"], states[name]["var"], states[name]["count"]
-            rms.mean, rms.var, rms.count = np.array(mean.numpy()), np.array(var.numpy()), count
-        wrapper.update_running_mean = not freeze
-
-
-ENV_WALK = SimpleNamespace(layers=env_layers, normalizers=env_normalizers, rng_state=rng_state,  # checkpoints.py's
-                           set_rng_state=set_rng_state, apply_normalizers=apply_normalizers)
+ENV_WALK = SimpleNamespace(layers=env_layers, normalizers=env_normalizers, rng_state=rng_state,  # the services'
+                           set_rng_state=set_rng_state, apply_normalizers=apply_normalizers,
+                           normalizer_states=normalizer_states)
 
 
 # ------------------------------------------------------------------------------------------ checks
@@ -1394,14 +1271,13 @@ class Progress:
 # ----------------------------------------------------------------------------- --eval-checkpoint (evaluation.py)
 def evaluate(args, script: Script) -> dict:
     """--eval-checkpoint: play the policy of a model file or checkpoint on one env, its normalization frozen
-    (evaluation.py plays and logs; checkpoints.py reads the file). A signal stops it at once while it starts."""
+    (checkpoints.py reads the file, evaluation.py plays and logs). A signal stops it at once while it starts."""
     catch_signals()
     try:
-        check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges})
-        if args.resume is not None:
-            raise SystemExit("--eval-checkpoint and --resume cannot be combined: evaluate, or continue training.")
-        given = given_flags(args, script)
-        refused = sorted(given - {"env_id", *EVAL_FLAGS})
+        ranges, given, source = {**COMMON_FLAG_RANGES, **script.flag_ranges}, given_flags(args, script), \
+            f"--eval-checkpoint {args.eval_checkpoint}"
+        check_ranges(args, ranges)
+        refused = sorted(given - {"env_id", *EVAL_FLAGS}) or (["resume"] if args.resume is not None else [])
         if refused:
             raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
                              f"{flag_names(refused)} (it takes {flag_names(EVAL_FLAGS[1:])}, and --env-id as the "
@@ -1411,14 +1287,10 @@ def evaluate(args, script: Script) -> dict:
             service("tracking", "--track").check()
         if args.capture_video:  # before the file is read; its env, once it is
             evaluation.check_video(None)
-        source = f"--eval-checkpoint {args.eval_checkpoint}"
-        checkpoint = checkpoints.read(args.eval_checkpoint, "--eval-checkpoint", script)
-        run_args = checkpoints.checkpoint_args(checkpoint, script, source)
-        check_ranges(run_args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, f"{source}: the checkpoint's flag ")
-        confirm_env_id(run_args.env_id, given, args, "--eval-checkpoint")  # before anything builds the env
-        check_spaces(run_args.env_id, script)
-        run_args = dataclasses.replace(script.defaults(run_args),  # as the run trained, acting as told here
-                                       eval_deterministic=args.eval_deterministic)
+        checkpoint, run_args = checkpoints.read_run(args, "--eval-checkpoint", script, given)
+        check_ranges(run_args, ranges, f"{source}: the checkpoint's flag ")
+        check_spaces(run_args.env_id, script)  # as the run trained, acting as told here:
+        run_args = dataclasses.replace(script.defaults(run_args), eval_deterministic=args.eval_deterministic)
         if args.capture_video:
             evaluation.check_video(run_args.env_id, script.procgen_games)
         check_writable("runs")
@@ -1426,9 +1298,10 @@ def evaluate(args, script: Script) -> dict:
         envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
                                render_mode="rgb_array" if args.capture_video else None)
         checkpoints.load_normalizers(envs, checkpoint["normalizers"], ENV_WALK, source)
-        act = actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
+        act = evaluation.actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
             module, checkpoint["models"], name, source), device), envs, device, source)  # the weights checked first
-        checkpoint_dir = os.path.basename(os.path.dirname(os.path.abspath(args.eval_checkpoint)))
+        checkpoint_dir = re.sub(r"[^\w.=-]", "-", os.path.basename(os.path.dirname(os.path.abspath(
+            args.eval_checkpoint))), flags=re.ASCII)  # printable, whatever the working directory's name
         run_dir = make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within NAME_LENGTH
                                f"{checkpoint_dir[:2 * NAME_LENGTH]}__eval")
         print_startup(script, run_args.env_id, device_note, run_dir, {
@@ -1489,15 +1362,11 @@ def agreed(refusal: Optional[str]) -> Optional[str]:
     return next((refusal for refusal in WORKERS.every_workers(refusal) if refusal is not None), None)
 
 
-class NotFinite(SystemExit):
-    """check_policy's stop."""
-
-
-def check_policy(pi, origin: str = "") -> None:
+def check_policy(pi, origin: str = "", agreed_by: Callable = lambda flag: flag) -> None:
     """Stop in one sentence where the policy's outputs pi (logits, or a Gaussian's mean and log-std) are not finite,
-    before an action is sampled from them; origin says where the numbers came from."""
-    if not bool(torch.isfinite(pi).all()):
-        raise NotFinite(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
+    before an action is sampled from them; origin says where the numbers came from; agreed_by: any_worker in training."""
+    if agreed_by(not bool(torch.isfinite(pi).all())):
+        raise SystemExit(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
 
 
 def check_finite(iteration: int, **losses) -> None:

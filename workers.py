@@ -22,8 +22,23 @@ def take_gpu(cuda: bool) -> None:
         torch.cuda.set_device(local_rank)  # torch.device("cuda") is now this worker's GPU
 
 
-def join(cuda: bool, rank: int) -> None:
-    """Join the other workers (NCCL with one GPU each, Gloo on CPU); only rank 0 prints."""
+def join(cuda: bool, rank: int, world_size: int, num_envs: int, adjusted: int, worker_share, check_share) -> None:
+    """Join the other workers (NCCL with one GPU each, Gloo on CPU) once this worker's share, worker_share(rank),
+    passes the script's checks, check_share(share), as a run of its own (num_envs: the total of the flags; adjusted:
+    the script's); only rank 0 prints."""
+    total = f"--num-envs {num_envs}" + (f", adjusted to {adjusted}," if adjusted != num_envs else "")
+    if adjusted % world_size != 0:
+        raise SystemExit(f"{total} is the total over all workers, so it must be a multiple of the {world_size} "
+                         f"torchrun workers.")
+    share, first, last = worker_share(rank), worker_share(0), worker_share(world_size - 1)  # these may stop too, e.g.
+    if last.seed > 2**32 - 1:  # on a total that W does not divide; NumPy takes seeds below 2**32
+        raise SystemExit(f"--seed {first.seed}: torchrun worker {world_size - 1} seeds with --seed + "
+                         f"{last.seed - first.seed}, beyond 4294967295: lower --seed.")
+    try:  # e.g. the minibatches must now split each worker's envs
+        check_share(share)
+    except SystemExit as error:
+        raise SystemExit(f"With {world_size} torchrun workers each one runs {adjusted // world_size} of the "
+                         f"{total.rstrip(',')} envs: {error}") from None
     dist.init_process_group("nccl" if cuda else "gloo")
     if rank != 0:
         sys.stdout = open(os.devnull, "w")

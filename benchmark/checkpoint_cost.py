@@ -12,6 +12,7 @@ own. --code DIR measures another checkout's code (e.g. a git worktree of 18fb459
 """
 import argparse
 import copy
+import importlib.util
 import os
 import subprocess
 import sys
@@ -81,8 +82,10 @@ def measure(name: str, out_dir: str, repeats: int) -> None:
         start = time.perf_counter()
         if new:
             loaded = checkpoints.read(path, "--resume", module.SCRIPT, kinds=("checkpoint",))
-            checkpoints.restore_run(loaded, saved, envs, next_obs, next_done, "--resume", args.num_envs * 256, 100,
-                                    harness.ENV_WALK)
+            has_resume = importlib.util.find_spec("resume") is not None  # resume.py holds it since checkpoints.py split
+            restoring = importlib.import_module("resume") if has_resume else checkpoints
+            restoring.restore_run(loaded, saved, envs, next_obs, next_done, "--resume", args.num_envs * 256, 100,
+                                  harness.ENV_WALK)
         else:
             loaded = checkpoints.load_checkpoint(path, "--resume", module.SCRIPT)
             checkpoints.restore_run(loaded, saved, envs, next_obs, next_done, "--resume", args.num_envs * 256, 100)

@@ -8,7 +8,6 @@ import glob
 import json
 import math
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -345,9 +344,10 @@ def test_every_way_an_env_id_can_fail_is_said_in_one_sentence(tmp_path, monkeypa
     assert not os.path.exists("runs")
 
 
-def model_file(module, path, fill=None, **flags) -> None:
-    """A model file of `module` as a run writes it, with a fresh policy's weights (each `fill`, if given) and `flags`."""
-    env_id = "Pendulum-v1" if module.SCRIPT.actions == "continuous" else "CartPole-v1"  # what it builds on
+def model_file(module, path, fill=None, build_on=None, **flags) -> None:
+    """A model file of `module` as a run writes it, with a fresh policy's weights (each `fill`, if given) and `flags`,
+    built on the env build_on (default: CartPole-v1, or Pendulum-v1 for continuous actions)."""
+    env_id = build_on or ("Pendulum-v1" if module.SCRIPT.actions == "continuous" else "CartPole-v1")
     args = module.SCRIPT.defaults(module.Args(**{**TINY, "env_id": env_id}))
     envs = module.make_env(dataclasses.replace(args, num_envs=1))
     built = []
@@ -473,7 +473,7 @@ def test_a_checkpoint_never_turns_tracking_on_nor_chooses_its_project(stopped, m
     ppo_ewma.train(ppo_ewma.Args(resume=path, track=True))
     assert started == [(True, None, "policy-optimization", "abcd1234")]  # the user's own entity and project
     for run_id, message in [("a/b", r"its wandb_run_id 'a/b' is not a W&B run id\.$"),
-                            (12345, r"is not a ppo_ewma\.py checkpoint\.$")]:
+                            (12345, r"is not a ppo_ewma\.py checkpoint: its 'wandb_run_id' is 12345\.$")]:
         craft(lambda checkpoint: checkpoint.update(wandb_run_id=run_id))
         with pytest.raises(SystemExit, match=message):
             ppo_ewma.train(ppo_ewma.Args(resume=path, track=True))
@@ -501,7 +501,8 @@ def test_an_unknown_key_is_refused_without_its_data_being_read(stopped, tmp_path
     assert "holds 'readme', which no ppo_ewma.py checkpoint holds." in out
     assert crafted < plain + 64 * 2**20, (crafted, plain)  # read, it would add 256 MiB
     craft(lambda checkpoint: checkpoint["args"].update(readme="x"))
-    with pytest.raises(SystemExit, match=r"is not a ppo_ewma\.py checkpoint\.$"):
+    with pytest.raises(SystemExit, match=r"is not a ppo_ewma\.py checkpoint: its flag 'readme' is not one of "
+                                         r"ppo_ewma\.py's\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
 
 
@@ -715,8 +716,8 @@ def test_numbers_and_strings_read_are_bounded_where_the_run_can_hold_them(stoppe
         (lambda c: c["args"].update(learning_rate=10**30), r"its flag learning_rate is 10+, which --learning-rate "),
         (lambda c: c["args"].update(num_envs=2**53 + 1), r"its flag num_envs is 9007199254740993, which --num-envs "),
         (lambda c: c["args"].update(exp_name="x" * 4097), r"its flag exp_name is 'x+\.\.\.x+', which --exp-name "),
-        (lambda c: c.update(global_step=-64), r"is not a ppo_ewma\.py checkpoint\.$"),
-        (lambda c: c.update(num_iterations=2**53 + 1), r"is not a ppo_ewma\.py checkpoint\.$"),
+        (lambda c: c.update(global_step=-64), r"is not a ppo_ewma\.py checkpoint: its 'global_step' is -64\.$"),
+        (lambda c: c.update(num_iterations=2**53 + 1), r"checkpoint: its 'num_iterations' is 9007199254740993\.$"),
         (lambda c: c.update(episode_returns=[1e31]), r"its episode_returns\[0\] is 1e\+31, beyond any run's"),
     ]:
         craft(edit)
@@ -801,10 +802,14 @@ def test_a_policy_whose_outputs_are_not_finite_stops_in_one_sentence_wherever_a_
                                                                                                 script):
     module = __import__(script)
     monkeypatch.chdir(tmp_path)
-    model_file(module, "model.safetensors", fill=3e38)  # finite weights (float32's largest is 3.4e38): inf outputs
-    with pytest.raises(SystemExit, match=r"^--eval-checkpoint model\.safetensors: the policy's outputs are not finite: "
-                                         r"no action can be sampled from them \(its weights and statistics made them "
-                                         r"so: it is not a trained run's\)\.$"):
+    if script == "ppo_er":  # its tanh MLP keeps the outputs of weights within the bound of a float32 read finite
+        model_file(module, "model.safetensors", fill=3e38)  # beyond it (float32's largest is 3.4e38): refused as read
+        message = r"its agent\['[\w.]+'\] holds nan or inf, or values beyond 1\.8e\+18: it is not this run's\.$"
+    else:  # weights within it whose outputs overflow: the IMPALA CNN's ReLU layers multiply them
+        model_file(module, "model.safetensors", fill=1e18, build_on="starpilot")
+        message = (r"the policy's outputs are not finite: no action can be sampled from them \(its weights and "
+                   r"statistics made them so: it is not a trained run's\)\.$")
+    with pytest.raises(SystemExit, match=r"^--eval-checkpoint model\.safetensors: " + message):
         module.train(module.Args(eval_checkpoint="model.safetensors", cuda=False))
     real_broadcast = harness.broadcast_weights
 
@@ -823,14 +828,16 @@ def test_a_policy_whose_outputs_are_not_finite_stops_in_one_sentence_wherever_a_
 
 def test_numbers_from_a_resumed_file_that_make_the_policy_overflow_are_named_as_its(stopped):
     path, craft = stopped
-    for edit in [lambda c: [weight.fill_(3e38) for weight in c["models"]["agent"].values()],  # float32's max 3.4e38
-                 lambda c: layer(c, "CartPoleEnv").update(tau=1e30, force_mag=1e30, x_threshold=1e30,
-                                                          theta_threshold_radians=1e30)]:  # within FLOAT_BOUND
-        craft(edit)
-        with pytest.raises(SystemExit, match=r"^The policy's outputs are not finite in iteration 2: the run resumed "
-                                             r"from --resume .*checkpoint\.safetensors, whose weights, statistics and "
-                                             r"env state it trained on: no action can be sampled from them\.$"):
-            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    craft(lambda c: [weight.fill_(3e38) for weight in c["models"]["agent"].values()])  # float32's max 3.4e38: a
+    with pytest.raises(SystemExit, match=r"its agent\['[\w.]+'\] holds nan or inf, or values beyond 1\.8e\+18: it "
+                                         r"is not this run's\.$"):  # square overflows, and no trained run has it
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    craft(lambda c: layer(c, "CartPoleEnv").update(tau=1e30, force_mag=1e30, x_threshold=1e30,
+                                                   theta_threshold_radians=1e30))  # within FLOAT_BOUND
+    with pytest.raises(SystemExit, match=r"^The policy's outputs are not finite in iteration 2: the run resumed "
+                                         r"from --resume .*checkpoint\.safetensors, whose weights, statistics and "
+                                         r"env state it trained on: no action can be sampled from them\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
 
 
 # 4 ------------------------------------------------------------------- statistics whose arithmetic overflows
@@ -857,7 +864,8 @@ def test_every_workers_part_is_checked_as_the_first_workers_is(stopped):
     part = harness.worker_part(read_back(path))
     for workers, message in [
         ([{key: value for key, value in part.items() if key != "normalizers"}],
-         r"checkpoint\.safetensors: its part of worker 1 is not a ppo_ewma\.py checkpoint\.$"),
+         r"checkpoint\.safetensors: its part of worker 1 is not a ppo_ewma\.py checkpoint: its 'normalizers' is "
+         r"missing\.$"),
         ([[1, 2]], r"checkpoint\.safetensors: its part of worker 1 is not one a run writes\.$"),
         ([dict(part, iteration=1)], r"checkpoint\.safetensors: its part of worker 1 is not one a run writes\.$"),
         ([dict(part, extra=1)], r"checkpoint\.safetensors: its part of worker 1 holds 'extra', which no "),
@@ -940,3 +948,82 @@ def test_a_run_directory_swapped_for_a_link_while_the_run_trains_gets_its_checkp
     assert {"checkpoint.safetensors", "model.safetensors", "run.lock"} <= set(moved)
     assert not {"checkpoint.safetensors", "model.safetensors"} & set(os.listdir(target))  # TensorBoard's may be
     assert read_back(result["run_dir"] + ".moved/checkpoint.safetensors")["iteration"] == 3
+
+
+# 10 ------------------------------------------------------ round five: what an adversarial read found after round four
+def test_metadata_built_to_cost_quadratic_time_is_read_or_refused_in_linear_time(stopped):
+    # each took minutes before (2-3 MB files): int keys that hash alike (multiples of 2**61 - 1) within the values'
+    # bound; tensors named once each, checked against a set rebuilt per name; an unterminated string of escaped quotes,
+    # which the string-emptying regex tried again from every quote; now each is refused within a second or two
+    path, _ = stopped
+    collide, n = 2**61 - 1, 40_000
+    for text, message in [(json.dumps({"rng": {"$int_keys": [[i * collide, 0] for i in range(1, n)]}}),
+                           r"which is none of the format's tags"),
+                          ('"' + '\\"' * 80_000, r"Unterminated string")]:
+        safetensors.torch.save_file({}, path, metadata={"checkpoint": text})
+        started = time.perf_counter()
+        with pytest.raises(SystemExit, match=r"is not a checkpoint a run writes: .*" + message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+        assert time.perf_counter() - started < 3
+    raw_file(path, {"__metadata__": {"checkpoint": json.dumps({"episode_returns": [
+        {"$tensor": f"{i:x}"} for i in range(n)]})}, **{f"{i:x}": {"dtype": "F32", "shape": [0],
+                                                                  "data_offsets": [0, 0]} for i in range(n)}})
+    started = time.perf_counter()
+    with pytest.raises(SystemExit, match=r"is not a checkpoint a run writes: its metadata names no script \(its script "
+                                         r"is None\)\.$"):
+        ppo_ewma.train(ppo_ewma.Args(resume=path))
+    assert time.perf_counter() - started < 3
+
+
+def test_values_that_pass_every_bound_and_fail_later_are_refused_or_taken_as_the_run_holds_them(stopped, tmp_path):
+    path, craft = stopped
+    for edit, message in [  # float32 returns whose square overflows; the file's own count of iterations
+        (lambda c: c["normalizers"]["reward"]["returns"].fill_(1e19),
+         r"its reward statistics\['returns'\] holds nan or inf, or values beyond 1\.8e\+18: it is not this run's"),
+        (lambda c: c.update(num_iterations=5), r"its iteration 1 is not one of the run's 3 iterations \(it says 5\)"),
+        (lambda c: c["rng"].update(torch=bad_torch_state(c["rng"]["torch"])),
+         r"its rng\['torch'\] is not a state torch's generator reaches"),  # it read beyond its 624 words
+    ]:
+        craft(edit)
+        with pytest.raises(SystemExit, match=message):
+            ppo_ewma.train(ppo_ewma.Args(resume=path))
+    # a 0-dim tensor where the run holds a Python bool: taken as a bool, which Adam's fused step takes
+    craft(lambda c: c["optimizers"]["optimizer"]["param_groups"][0].update(amsgrad=torch.tensor(False)))
+    assert ppo_ewma.train(ppo_ewma.Args(resume=path))["global_step"] == 3 * 64
+    raw_file(path, {"__metadata__": {"model": json.dumps({"x": {"$array": {"dtype": "float32", "shape": [0, 10**30],
+                                                                           "data": []}}})}})
+    with pytest.raises(SystemExit, match=r"is not a model a run writes: it holds .*which is none of the format's tags"):
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=path))
+    array = {"$array": {"dtype": "float32", "shape": [1], "data": [0.0]}}
+    raw_file(path, {"__metadata__": {"model": json.dumps({"x": [array] * 3})}})  # a model holds two: a mean, a var
+    with pytest.raises(SystemExit, match=r"is not a model a run writes: its metadata holds 3 arrays\.$"):
+        ppo_ewma.train(ppo_ewma.Args(eval_checkpoint=path))
+
+
+def bad_torch_state(state):
+    """torch's CPU generator state with mt19937's words left and next index that no draw reaches (624 and 624)."""
+    data = bytearray(state.numpy().tobytes())
+    data[8:12], data[16:24] = (624).to_bytes(4, "little"), (624).to_bytes(8, "little")
+    return torch.tensor(list(data), dtype=torch.uint8)
+
+
+def test_an_evaluations_run_directory_is_named_in_printable_characters_whatever_the_working_directorys(stopped,
+                                                                                                     tmp_path,
+                                                                                                     monkeypatch):
+    path, _ = stopped
+    folder = tmp_path / "evil\033[31mRED\033]0;title\007x"  # a terminal's colour and title escapes
+    folder.mkdir()
+    shutil.copy(path, folder / "checkpoint.safetensors")
+    monkeypatch.chdir(folder)
+    result = ppo_ewma.train(ppo_ewma.Args(eval_checkpoint="checkpoint.safetensors", eval_episodes=1, cuda=False))
+    assert os.path.basename(result["run_dir"]).startswith("evil--31mRED--0-title-x__eval__")
+
+
+def test_a_policy_that_is_not_finite_on_one_worker_stops_every_worker(monkeypatch):
+    # the weights are every worker's, the observations each one's own: a worker whose outputs overflow must not stop
+    # alone, leaving the others waiting in the next collective
+    run = type("Run", (), {"last_safe_iteration": 0, "origin": "training made them so"})()
+    harness.Run.check_policy(run, torch.zeros(2))  # one process, finite: goes on
+    monkeypatch.setattr(harness, "WORKERS", type("Workers", (), {"largest": lambda self, value, device: 1})())
+    with pytest.raises(SystemExit, match=r"^The policy's outputs are not finite in iteration 1: training made them so"):
+        harness.Run.check_policy(run, torch.zeros(2))  # finite here, not on another worker

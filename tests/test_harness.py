@@ -28,7 +28,6 @@ import tyro
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # as conftest.py, for --record
-import checkpoints  # noqa: E402
 import harness  # noqa: E402
 from saved_files import read_back  # noqa: E402
 
@@ -693,7 +692,8 @@ def test_a_plain_run_of_each_script_needs_it_and_harness_alone(tmp_path):
         ["import sys", "assert not [path for path in sys.path if path.rstrip('/') == %r]" % SCRIPT_DIR] +
         [f"import {name}; result = {name}.train({name}.Args(**{config!r}, total_timesteps=2 * {config['num_envs']} * "
          f"{config['num_steps']})); print(result['run_dir'], result['global_step'])" for name, config in PLAIN.items()] +
-        ["print(sorted(name for name in sys.modules if name in ('checkpoints', 'evaluation', 'workers', 'tracking')))"])
+        ["print(sorted(name for name in sys.modules if name in ('checkpoints', 'resume', 'evaluation', 'workers', "
+         "'tracking')))"])
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, env=env,
                             timeout=300)
@@ -711,7 +711,8 @@ def test_a_plain_run_of_each_script_needs_it_and_harness_alone(tmp_path):
 
 
 @pytest.mark.parametrize("flags, module, flag", [
-    (dict(resume="runs/x/checkpoint.safetensors"), "checkpoints", "--resume"),
+    (dict(resume="runs/x/checkpoint.safetensors"), "resume", "--resume"),
+    (dict(resume="runs/x/checkpoint.safetensors"), "checkpoints", "--resume"),  # which resume.py imports
     (dict(eval_checkpoint="model.safetensors"), "evaluation", "--eval-checkpoint"),
     (dict(eval_checkpoint="model.safetensors"), "checkpoints", "--eval-checkpoint"),
     (dict(TINY, track=True), "tracking", "--track"),
@@ -723,6 +724,7 @@ def test_a_service_asked_for_without_its_file_is_one_sentence_before_any_work(tm
     import ppo_ewma
 
     monkeypatch.chdir(tmp_path)
+    monkeypatch.delitem(sys.modules, "resume", raising=False)  # imported afresh, as in a new process
     monkeypatch.setitem(sys.modules, module, None)  # as if its file were not beside the script
     with pytest.raises(SystemExit, match=rf"^{flag} needs {module}\.py beside the script, and it is not there: copy "
                                          rf"it from this project\.$"):

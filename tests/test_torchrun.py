@@ -305,6 +305,17 @@ def test_workers_of_a_divided_batch_must_divide_the_divided_num_envs(tmp_path, m
     assert not os.path.exists("runs")
 
 
+def test_a_seed_that_the_last_worker_would_push_beyond_numpys_is_refused_before_the_workers_join(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    # worker 1 seeds with seed + 4 (its 4 envs follow worker 0's): 4294967291 + 4 is NumPy's largest seed, + 5 not
+    with pytest.raises(SystemExit, match=r"^--seed 4294967292: torchrun worker 1 seeds with --seed \+ 4, beyond "
+                                         r"4294967295: lower --seed\.$"):
+        ppo_ewma.train(ppo_ewma.Args(**dict(CONFIGS["ppo_ewma"], seed=4294967292)))
+    assert not os.path.exists("runs")
+
+
 def test_ppg_aux_minibatch_is_split_over_the_workers(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("RANK", "0")
