@@ -16,6 +16,7 @@ import torch.nn as nn
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import checkpoints
+import evaluation
 import harness
 import ppo_ewma
 import resume
@@ -948,7 +949,7 @@ def test_box_actions_reach_the_env_clipped_while_log_probs_use_the_sampled_actio
         agent.actor_mean[-1].bias.fill_(5.0)
     load = lambda module, name: module.load_state_dict(agent.state_dict())  # noqa: E731
     sample = ppo_ewma.acting_policy(Args(), envs, load, torch.device("cpu"))  # evaluation clips as training does
-    actions = harness.actor(sample, envs, torch.device("cpu"))(envs.reset(seed=0)[0], [0.0], [True])
+    actions = evaluation.actor(sample, envs, torch.device("cpu"))(envs.reset(seed=0)[0], [0.0], [True])
     assert actions.shape == (1, 1) and actions.max() <= 2.0
     envs.close()
 
