@@ -89,8 +89,8 @@ def test_the_docs_pages_are_there_and_linked():
     # the pages the project's layout has, each linked from the README, so the check above covers real links
     with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
         readme_targets = link_targets(f.read())
-    for page in ["ppo_ewma", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er", "running", "torchrun", "speed",
-                 "benchmarks"]:
+    for page in ["ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er", "running", "torchrun",
+                 "speed", "benchmarks"]:
         assert f"docs/{page}.md" in [t.split("#")[0] for t in readme_targets]
 
 
@@ -107,6 +107,17 @@ def test_a_dead_link_is_reported(tmp_path):
         "```\n[in a block](ghost.md)\n```\n"
     )
     assert dead_links(doc) == ["img/missing.png", "old/page.md#part", "img/lost.png"]
+
+
+def test_the_readmes_table_of_files_and_lines_is_the_codes():
+    # benchmark/lines.py counts them afresh: a module that grows, or moves, makes this fail until the README follows
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("lines", os.path.join(ROOT, "benchmark", "lines.py"))
+    lines = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(lines)
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        assert lines.table() in f.read(), "rebuild README's table with: python benchmark/lines.py"
 
 
 def test_the_readme_shows_the_ci_test_command():
