@@ -6,7 +6,7 @@
 # steps each (default 40,960: 20 iterations), one torch thread each. Whole processes are timed, start-up included,
 # wall-clock and CPU time (user + system, of the process and its children: inductor's compile workers). The rounds
 # interleave, ours first in odd rounds and CleanRL first in even ones, so that a drift of the machine's load falls on
-# both. OURS_FLAGS adds flags to ours (e.g. OURS_FLAGS=--compile); each process gets an empty inductor cache, so that
+# both. OURS_FLAGS adds flags to ours (e.g. OURS_FLAGS=--no-ewma); each process gets an empty inductor cache, so that
 # a compiled run pays its compile. It prints each time and mean(CleanRL) / mean(ours), the ratio of steps per
 # second, for both clocks. Time nothing else meanwhile: the load (uptime) is printed at the start and the end.
 # Usage: bash benchmark/cleanrl_speed.sh, which fetches CleanRL's file with curl; without a network,

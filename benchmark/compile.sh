@@ -5,9 +5,12 @@
 # wall-clock and CPU seconds (user + system, compile workers included) of each process, and eager / compiled.
 # Usage: bash benchmark/compile.sh [flags of ppo_ewma.py]; without flags, the docstring's MuJoCo recipe (HalfCheetah-v5
 # PPO, 1M steps: about 19 minutes a round here). Time nothing else meanwhile: the load (uptime) is printed at the
-# start and the end.
+# start and the end. ppo_ewma.py lost --compile in 98e904e, after these measurements found no gain: CODE names a
+# checkout that has it (git worktree add /tmp/with-compile 8cd22cd; CODE=/tmp/with-compile bash benchmark/compile.sh).
 set -euo pipefail
-ROOT=$(cd "$(dirname "$0")/.." && pwd)
+ROOT=${CODE:-$(cd "$(dirname "$0")/.." && pwd)}
+grep -q "compile: bool" "$ROOT/ppo_ewma.py" ||
+  { echo "$ROOT/ppo_ewma.py has no --compile (removed in 98e904e): set CODE to a checkout of 8cd22cd" >&2; exit 1; }
 ROUNDS=${ROUNDS:-1}
 FLAGS=${*:-"--env-id HalfCheetah-v5 --num-envs 1 --num-steps 2048 --num-minibatches 32 --update-epochs 10 \
   --shuffle-samples --learning-rate 3e-4 --gamma 0.99 --no-ewma --total-timesteps 1000000"}
