@@ -278,8 +278,7 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode, so R_t = r_t) -> the scaled rewards, [T, N].
-        gather (torchrun): this rollout's returns flattened -> every worker's, so that all share one estimate."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> scaled rewards; gather: all workers' R."""
         raw_rewards, raw_dones = rewards.cpu().numpy(), dones.cpu().numpy()  # the loop on NumPy, as compute_gae's
         returns, ret = np.zeros_like(raw_rewards), self.returns.cpu().numpy()
         for t in range(len(raw_rewards)):
@@ -747,8 +746,7 @@ class GradientNoiseScale:
         self.sq_norms, self.grad_sum = [], None
 
     def end_iteration(self, minibatch_size) -> dict:
-        """The iteration's B_simple, |G|^2 and tr(Sigma) from the EWMAs (nan until an epoch had two minibatches), to log
-        next to the minibatch size that B_simple is compared with."""
+        """The iteration's B_simple, |G|^2, tr(Sigma) (nan until an epoch had two minibatches), the minibatch size."""
         if self.epochs:
             grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
             self.weight = self.decay * self.weight + 1.0

@@ -3,8 +3,7 @@
 PPO-EWMA takes an exponentially-weighted moving average (EWMA) of the policy's weights as the proximal policy of the
 decoupled objectives (Sec. 2, Appendix A, Algorithm 2); the behaviour policy serves only importance sampling.
 `--batch-divisor c` divides the batch by c and adjusts the other hyperparameters so that training stays about the same
-per env step (Sec. 3-4). Discrete and Box actions; ppo_ewma_rnn.py's policy is recurrent. "The official code": the
-paper's own, openai/ppo-ewma.
+per env step (Sec. 3-4). Discrete and Box actions (recurrent: ppo_ewma_rnn.py). "The official code": openai/ppo-ewma.
 
     python ppo_ewma.py                                   # PPO-EWMA on Procgen starpilot, hard
     python ppo_ewma.py --batch-divisor 4                 # 64 envs, lr / 2, EWMA age and adv-norm span x4; invariant
@@ -136,10 +135,9 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
 
 def with_defaults(args: Args) -> Args:
     """args with its None defaults filled in: the paper's for discrete actions, ones measured on MuJoCo for Box."""
-    if isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box):
-        defaults = dict(ent_coef=0.0, ewma_com=3.0 * args.update_epochs * args.num_minibatches, norm_obs=True)
-    else:  # the paper's
-        defaults = dict(ent_coef=0.01, ewma_com=8.0, norm_obs=False)
+    box = isinstance(harness.env_spaces(args.env_id, harness.PROCGEN_GAMES)[1], gym.spaces.Box)
+    defaults = dict(ent_coef=0.0, ewma_com=3.0 * args.update_epochs * args.num_minibatches, norm_obs=True) if box \
+        else dict(ent_coef=0.01, ewma_com=8.0, norm_obs=False)  # the paper's
     return dataclasses.replace(args, **{name: value for name, value in defaults.items() if getattr(args, name) is None})
 
 
@@ -275,8 +273,7 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode, so R_t = r_t) -> the scaled rewards, [T, N].
-        gather (torchrun): this rollout's returns flattened -> every worker's, so that all share one estimate."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> scaled rewards; gather: all workers' R."""
         raw_rewards, raw_dones = rewards.cpu().numpy(), dones.cpu().numpy()  # the loop on NumPy, as compute_gae's
         returns, ret = np.zeros_like(raw_rewards), self.returns.cpu().numpy()
         for t in range(len(raw_rewards)):
@@ -407,13 +404,13 @@ def train(args: Args) -> dict:
         b_obs, b_actions, b_behav_pis = obs.flatten(0, 1), actions.flatten(0, 1), behav_pis.flatten(0, 1)
         b_behav_logps = policy_log_prob_and_entropy(b_behav_pis, b_actions, continuous, nvec)[0]  # log pi_behav(a|s)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
+        if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
+            adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
+            b_advantages = adv_moments.normalize(b_advantages)
         v_targets, v_old = b_returns, b_values  # the value loss's, in the value head's units
         if args.norm_value:  # --norm-value: the statistics move to this iteration's returns (torchrun: all workers')
             value_moments.update(harness.global_batch(b_returns))
             v_targets, v_old = (value_moments.normalize(v).clamp(-5.0, 5.0) for v in (b_returns, b_values))
-        if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
-            adv_moments.update(harness.global_batch(b_advantages))  # torchrun: moments of all workers' advantages
-            b_advantages = adv_moments.normalize(b_advantages)
 
         # update: E epochs of M minibatches on the decoupled objective
         stats = defaultdict(list)  # name -> per-minibatch values, averaged once per iteration
@@ -542,7 +539,7 @@ class Agent(nn.Module):
         obs_shape, action_space = envs.single_observation_space.shape, envs.single_action_space
         self.continuous = isinstance(action_space, gym.spaces.Box)
         self.nvec = action_space.nvec.tolist() if isinstance(action_space, gym.spaces.MultiDiscrete) else None
-        num_outputs = int(np.prod(action_space.shape)) if self.continuous else sum(self.nvec or [action_space.n])
+        num_outputs = gym.spaces.flatdim(action_space)  # Box: action dims; Discrete: n; MultiDiscrete: sum(nvec)
         self.pi_size, obs_dim = 2 * num_outputs if self.continuous else num_outputs, int(np.prod(obs_shape))
         if self.continuous:
             self.actor_mean, self.critic = mlp(obs_dim, num_outputs, out_std=0.01), mlp(obs_dim, 1, out_std=1.0)
@@ -650,8 +647,7 @@ def gaussian_entropy(log_std):
 
 
 def gaussian_kl(mean_p, log_std_p, mean_q, log_std_q):
-    """KL[p || q] of diagonal Gaussians per sample, all [B, A] -> [B]: the sum over action dims of
-    log(sigma_q / sigma_p) + (sigma_p^2 + (mu_p - mu_q)^2) / (2 sigma_q^2) - 1/2."""
+    """Diagonal Gaussians' KL[p || q], [B, A] -> [B]: sum of log(s_q/s_p) + (s_p^2 + (mu_p - mu_q)^2)/(2 s_q^2) - 0.5"""
     var_ratio = torch.exp(2 * (log_std_p - log_std_q))  # sigma_p^2 / sigma_q^2
     return (log_std_q - log_std_p + 0.5 * (var_ratio + (mean_p - mean_q) ** 2 / torch.exp(2 * log_std_q)) - 0.5).sum(-1)
 
@@ -663,9 +659,8 @@ def policy_log_prob_and_entropy(pi, actions, continuous=False, nvec=None):
         mean, log_std = pi.chunk(2, dim=-1)
         return gaussian_log_prob(actions, mean, log_std), gaussian_entropy(log_std)
     if nvec is not None:
-        parts = [categorical_log_prob_and_entropy(logits, action)
-                 for logits, action in zip(pi.split(nvec, -1), actions.unbind(-1))]
-        return sum(logp for logp, _ in parts), sum(entropy for _, entropy in parts)
+        logps, entropies = zip(*map(categorical_log_prob_and_entropy, pi.split(nvec, -1), actions.unbind(-1)))
+        return sum(logps), sum(entropies)
     return categorical_log_prob_and_entropy(pi, actions)
 
 
@@ -696,7 +691,7 @@ def env_actions(action_space, device):
     return lambda action: torch.clamp(action, low, high).cpu().numpy()
 
 
-# --------------------------------------------------------------------------------------- options beyond the paper
+# ---------------------------------------------------------------------- options beyond the paper, what train() logs
 def clipped_value_loss(values, old_values, returns, clip_coef):
     """--clip-vloss (PPO2): mean of max((V - V_targ)^2, (V_old + clip(V - V_old, -eps, eps) - V_targ)^2), all [B]."""
     clipped = old_values + torch.clamp(values - old_values, -clip_coef, clip_coef)
@@ -704,10 +699,9 @@ def clipped_value_loss(values, old_values, returns, clip_coef):
 
 
 def raw_value(value, moments):
-    """--norm-value: the value head's standardized return (clipped to +-5) as a return; off or before any: as it is."""
-    if moments is None or not moments.weight:
-        return value
-    return value.clamp(-5.0, 5.0) * (moments.std + 1e-8) + moments.mean
+    """--norm-value: the value head's output, a standardized return clipped to +-5 (skrl's), as a return."""
+    standardized = moments is not None and moments.weight  # off, or no return seen yet: as it is
+    return value.clamp(-5.0, 5.0) * (moments.std + 1e-8) + moments.mean if standardized else value
 
 
 def past_target_kl(kl, target_kl) -> bool:
@@ -758,8 +752,7 @@ class GradientNoiseScale:
         self.sq_norms, self.grad_sum = [], None
 
     def end_iteration(self, minibatch_size) -> dict:
-        """The iteration's B_simple, |G|^2 and tr(Sigma) from the EWMAs (nan until an epoch had two minibatches), to log
-        next to the minibatch size that B_simple is compared with."""
+        """The iteration's B_simple, |G|^2, tr(Sigma) (nan until an epoch had two minibatches), the minibatch size."""
         if self.epochs:
             grad_sq, trace = (float(x) for x in np.mean(self.epochs, axis=0))  # floats: checkpoints keep them
             self.weight = self.decay * self.weight + 1.0
@@ -772,7 +765,6 @@ class GradientNoiseScale:
                 "charts/grad_sq_norm": self.grad_sq / weight, "charts/minibatch_size": minibatch_size}
 
 
-# ---------------------------------------------------------------------------------------- what train() logs
 @torch.no_grad()
 def add_statistics(stats, args, pg_loss, v_loss, entropy_loss, new_logp, prox_logp, behav_logratio) -> None:
     """A minibatch's scalars into stats ({name: [value of each minibatch]}), averaged over the iteration when logged."""
@@ -782,14 +774,14 @@ def add_statistics(stats, args, pg_loss, v_loss, entropy_loss, new_logp, prox_lo
         ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 estimate of KL to pi_prox
         ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
         ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
-        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean())):
+        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
+    ):
         stats[name].append(value.detach())
 
 
 def explained_variance(values, returns) -> float:
     """1 - Var[returns - values] / Var[returns], nan where the returns do not vary."""
-    var_returns = returns.var()
-    return (1 - (returns - values).var() / var_returns).item() if var_returns > 0 else float("nan")
+    return (1 - (returns - values).var() / returns.var()).item() if returns.var() > 0 else float("nan")
 
 
 def option_scalars(args, gradient_steps, adv_moments, value_moments) -> dict:
@@ -817,11 +809,10 @@ def check_args(args: Args, observation_space, action_space) -> None:
         raise SystemExit(f"--norm-obs needs vector observations; --env-id {args.env_id} has images.")
     harness.check_minibatches(args.num_steps, args.num_envs, args.num_minibatches, args.shuffle_samples)
     # obs (uint8 or float32), action, pi; behaviour log-prob, reward, bootstrap, done, value, advantage, return, ...
-    continuous, multi = isinstance(action_space, gym.spaces.Box), isinstance(action_space, gym.spaces.MultiDiscrete)
+    continuous = isinstance(action_space, gym.spaces.Box)
     obs_bytes = math.prod(observation_space.shape) * (1 if observation_space.dtype == np.uint8 else 4)
     action_bytes = (4 if continuous else 8) * math.prod(action_space.shape)  # a Discrete's shape is ()
-    pi_floats = 3 * math.prod(action_space.shape) if continuous else int(sum(action_space.nvec)) if multi else \
-        action_space.n
+    pi_floats = (3 if continuous else 1) * gym.spaces.flatdim(action_space)
     harness.check_memory(args.num_envs * args.num_steps * (obs_bytes + action_bytes + 4 * (pi_floats + 7)), args.cuda,
                          "The rollout buffers", "--num-envs or --num-steps")
 

@@ -141,8 +141,7 @@ class RewardNormalizer:
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4  # prior: a tiny sample with mean 0 and variance 1
 
     def __call__(self, rewards, dones, gather=None):
-        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode, so R_t = r_t) -> the scaled rewards, [T, N].
-        gather (torchrun): this rollout's returns flattened -> every worker's, so that all share one estimate."""
+        """rewards, dones: [T, N] (dones[t] = 1: obs t starts an episode) -> scaled rewards; gather: all workers' R."""
         raw_rewards, raw_dones = rewards.cpu().numpy(), dones.cpu().numpy()  # the loop on NumPy, as compute_gae's
         returns, ret = np.zeros_like(raw_rewards), self.returns.cpu().numpy()
         for t in range(len(raw_rewards)):
