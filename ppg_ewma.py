@@ -215,6 +215,20 @@ def value_loss(values, returns):
     return ((values - returns) ** 2).mean()
 
 
+def policy_loss(policy, args, obs, actions, advantages, behav_logp, prox_pi, prox_logp):
+    """-L^CLIP_decoupled (or -L^KLPEN_decoupled) - c_ent entropy (Sec. 2, Table 1) of a minibatch with pi under theta:
+    (loss, its two terms, log pi(a|s))."""
+    new_pi = policy.get_pi(obs)
+    new_logp, entropy = categorical_log_prob_and_entropy(new_pi, actions)
+    if args.objective == "clip":
+        pg_loss = decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, args.clip_coef, args.max_is_ratio)
+    else:
+        kl = categorical_kl(prox_pi, new_pi)  # KL[pi_prox || pi]
+        pg_loss = decoupled_kl_loss(new_logp, behav_logp, advantages, kl, args.kl_coef, args.max_is_ratio)
+    entropy_loss = entropy.mean()
+    return pg_loss - args.ent_coef * entropy_loss, pg_loss, entropy_loss, new_logp
+
+
 def aux_loss(new_logits, old_logits, aux_values, values, returns, beta_clone):
     """PPG's auxiliary-phase loss, L_joint = L_aux + beta_clone KL[pi_old || pi], plus the true value loss L^value.
     new_logits, old_logits: [B, A] (old_logits: the pre-phase policy, no gradient); aux_values (aux head), values
@@ -495,46 +509,24 @@ def train(args: Args) -> dict:
         for epoch in range(args.update_epochs):  # E_pi epochs of the decoupled objective on the policy network
             run.updating(f"policy epoch {epoch + 1}/{args.update_epochs}")
             for mb_inds in epoch_minibatches(args):
-                # the minibatch's pi under theta, and pi_prox: the EWMA network's (PPG-EWMA) or pi_behav (PPG)
-                mb_obs, mb_advantages = b_obs[mb_inds].to(device), b_advantages[mb_inds]
+                # the minibatch, and its pi_prox: the EWMA network's (PPG-EWMA) or pi_behav (PPG)
+                mb_obs, mb_actions = b_obs[mb_inds].to(device), b_actions[mb_inds]
                 mb_behav_logp = b_behav_logps[mb_inds]
-                new_pi = policy.get_pi(mb_obs)
-                new_logp, entropy = categorical_log_prob_and_entropy(new_pi, b_actions[mb_inds])
-                if ewma_policy is not None:  # PPG-EWMA: pi_prox is the EWMA network's policy
+                if ewma_policy is not None:
                     prox_pi = prox_pi_of(mb_obs)
-                    prox_logp = categorical_log_prob_and_entropy(prox_pi, b_actions[mb_inds])[0]
-                else:  # PPG: pi_prox = pi_behav
-                    prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
-
-                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) - c_ent entropy (Sec. 2, Table 1)
-                if args.objective == "clip":
-                    pg_loss = decoupled_clip_loss(new_logp, prox_logp, mb_behav_logp, mb_advantages,
-                                                  args.clip_coef, args.max_is_ratio)
+                    prox_logp = categorical_log_prob_and_entropy(prox_pi, mb_actions)[0]
                 else:
-                    kl = categorical_kl(prox_pi, new_pi)  # KL[pi_prox || pi]
-                    pg_loss = decoupled_kl_loss(new_logp, mb_behav_logp, mb_advantages, kl, args.kl_coef,
-                                                args.max_is_ratio)
-                entropy_loss = entropy.mean()
-                loss = pg_loss - args.ent_coef * entropy_loss
+                    prox_pi, prox_logp = b_behav_pis[mb_inds], mb_behav_logp
+                # the loss: -L^CLIP_decoupled (or -L^KLPEN_decoupled) - c_ent entropy, with pi under theta
+                loss, pg_loss, entropy_loss, new_logp = policy_loss(
+                    policy, args, mb_obs, mb_actions, b_advantages[mb_inds], mb_behav_logp, prox_pi, prox_logp)
                 harness.check_finite(iteration, policy_loss=pg_loss, entropy=entropy_loss)
 
                 # one Adam step on theta (torchrun: on the workers' mean gradient), then theta_prox <- EWMA of theta
                 gradient_step(optimizer, loss, policy, max_grad_norm=args.max_grad_norm, noise_scale=noise_scale)
                 if ewma_policy is not None:  # PPG-EWMA: theta_prox <- EWMA of theta after every step
                     ewma_weight = update_ewma(ewma_policy, policy, ewma_weight, ewma_decay)
-
-                # statistics, averaged over the iteration's minibatches
-                with torch.no_grad():
-                    logratio, behav_logratio = new_logp - prox_logp, new_logp - mb_behav_logp
-                    for name, value in (
-                        ("policy_loss", pg_loss), ("entropy", entropy_loss),
-                        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 of KL to pi_prox, a ~ pi_behav
-                        ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
-                        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
-                        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
-                    ):
-                        stats[name].append(value.detach())
-
+                add_statistics(stats, args, pg_loss, entropy_loss, new_logp, prox_logp, mb_behav_logp)
             if noise_scale is not None:
                 noise_scale.end_epoch(args.num_envs * args.num_steps // args.num_minibatches)
 
@@ -560,21 +552,16 @@ def train(args: Args) -> dict:
             writer.add_scalar("charts/policy_phase_time", aux_start - phase_start, global_step)
             writer.add_scalar("charts/aux_phase_time", time.time() - aux_start, global_step)
 
-        # logging
-        var_returns = b_returns.var()
-        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
-        writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
-        for name, vals in stats.items():
-            writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
-        for tag, value in (noise_scale.end_iteration(minibatch_size) if noise_scale else {}).items():
+        # logging: the minibatches' means, the iteration's own scalars, the options'
+        scalars = {f"losses/{name}": torch.stack(values).mean().item() for name, values in stats.items()}
+        scalars.update({"charts/learning_rate": optimizer.param_groups[0]["lr"],
+                        "losses/explained_variance": explained_variance(b_values, b_returns)})
+        scalars.update({"charts/adv_mean": adv_moments.mean, "charts/adv_std": adv_moments.std}
+                       if args.norm_adv else {})
+        scalars.update({"charts/ewma_decay": ewma_decay, "charts/ewma_weight": ewma_weight} if args.ewma else {})
+        scalars.update(noise_scale.end_iteration(minibatch_size) if noise_scale else {})
+        for tag, value in scalars.items():
             writer.add_scalar(tag, value, global_step)
-        if args.norm_adv:
-            writer.add_scalar("charts/adv_mean", adv_moments.mean, global_step)
-            writer.add_scalar("charts/adv_std", adv_moments.std, global_step)
-        if ewma_policy is not None:
-            writer.add_scalar("charts/ewma_decay", ewma_decay, global_step)
-            writer.add_scalar("charts/ewma_weight", ewma_weight, global_step)
 
         run.end_iteration(iteration, global_step, next_obs, next_done, can_checkpoint=phase_iteration == args.n_pi - 1,
                           ewma_weight=ewma_weight)  # SPS, checkpoint
@@ -757,6 +744,26 @@ class GradientNoiseScale:
         b_simple = self.trace / self.grad_sq if self.grad_sq > 0 else float("nan")  # B_simple = tr(Sigma) / |G|^2
         return {"charts/grad_noise_scale": b_simple, "charts/grad_noise_trace": self.trace / weight,
                 "charts/grad_sq_norm": self.grad_sq / weight, "charts/minibatch_size": minibatch_size}
+
+
+# ---------------------------------------------------------------------------------------- what train() logs
+@torch.no_grad()
+def add_statistics(stats, args, pg_loss, entropy_loss, new_logp, prox_logp, behav_logp) -> None:
+    """A policy minibatch's scalars into stats ({name: [value of each minibatch]}), averaged over the iteration."""
+    logratio, behav_logratio = new_logp - prox_logp, new_logp - behav_logp
+    for name, value in (
+        ("policy_loss", pg_loss), ("entropy", entropy_loss),
+        ("approx_kl", ((logratio.exp() - 1) - logratio).mean()),  # k3 of KL to pi_prox, a ~ pi_behav
+        ("approx_kl_behav", ((behav_logratio.exp() - 1) - behav_logratio).mean()),
+        ("clipfrac", ((logratio.exp() - 1).abs() > args.clip_coef).float().mean()),
+        ("is_capped_frac", (behav_logratio > math.log(args.max_is_ratio)).float().mean()),
+    ):
+        stats[name].append(value.detach())
+
+
+def explained_variance(values, returns) -> float:
+    """1 - Var[returns - values] / Var[returns], nan where the returns do not vary."""
+    return (1 - (returns - values).var() / returns.var()).item() if returns.var() > 0 else float("nan")
 
 
 # ---------------------------------------------------------- what the run harness needs to know of this script

@@ -115,6 +115,13 @@ def linear_schedule(initial, iteration, num_iterations):
     return initial * max(0.0, 1.0 - (iteration - 1) / num_iterations)
 
 
+def normalize_advantages(advantages):
+    """--norm-adv: advantages standardized within their minibatch (the paper does not say; torchrun: by the mean and
+    std of all workers' shares of it)."""
+    all_advantages = harness.global_batch(advantages)
+    return (advantages - all_advantages.mean()) / (all_advantages.std() + 1e-8)
+
+
 class ReplayMemory:
     """R of eq. (11): the last L batches of (s, a, A_hat, V_hat, mu, log sigma), newest last.
 
@@ -268,11 +275,7 @@ def train(args: Args) -> dict:
                 mean, log_std = agent.get_pi(mb_obs).chunk(2, dim=-1)
                 new_logp = gaussian_log_prob(b_actions[mb_inds], mean, log_std)
                 new_value = agent.get_value(mb_obs)
-                # --norm-adv: advantages standardized within the minibatch (the paper does not say; torchrun: by
-                # the mean and std of all workers' shares of it)
-                if args.norm_adv:
-                    all_advantages = harness.global_batch(mb_advantages)
-                    mb_advantages = (mb_advantages - all_advantages.mean()) / (all_advantages.std() + 1e-8)
+                mb_advantages = normalize_advantages(mb_advantages) if args.norm_adv else mb_advantages  # --norm-adv
 
                 # the loss: -L^CLIP-ER (eq. 12) + c L^V (eq. 16); the entropy term is --ent-coef's (0, as in the paper)
                 pg_loss = ppo_er_loss(new_logp, mb_behav_logp, mb_advantages, clip_coef)
@@ -301,9 +304,6 @@ def train(args: Args) -> dict:
                         counted[age_group] += mask.sum()
 
         # logging
-        fresh_returns, fresh_values = returns.reshape(-1), values.reshape(-1)
-        var_returns = fresh_returns.var()
-        explained_var = (1 - (fresh_returns - fresh_values).var() / var_returns).item() if var_returns > 0 else math.nan
         writer.add_scalar("charts/learning_rate", learning_rate, global_step)
         writer.add_scalar("charts/clip_coef", clip_coef, global_step)
         writer.add_scalar("charts/replay_batches", len(replay), global_step)
@@ -314,6 +314,7 @@ def train(args: Args) -> dict:
         writer.add_scalar("losses/clipfrac_fresh", (clipped[0] / counted[0]).item(), global_step)
         if counted[1] > 0:
             writer.add_scalar("losses/clipfrac_replayed", (clipped[1] / counted[1]).item(), global_step)
+        explained_var = explained_variance(values.reshape(-1), returns.reshape(-1))  # of this iteration's batch
         writer.add_scalar("losses/explained_variance", explained_var, global_step)
         run.end_iteration(iteration, global_step, next_obs, next_done, replay=list(replay.batches))  # SPS, checkpoint
     return run.finish(iteration, global_step, next_obs, next_done, replay=list(replay.batches))  # --save-model
@@ -385,6 +386,12 @@ def gaussian_log_prob(actions, mean, log_std):
 def gaussian_entropy(log_std):
     """Entropy of a diagonal Gaussian, summed over action dims. log_std: [B, A]. Returns [B]."""
     return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------- what train() logs
+def explained_variance(values, returns) -> float:
+    """1 - Var[returns - values] / Var[returns], nan where the returns do not vary."""
+    return (1 - (returns - values).var() / returns.var()).item() if returns.var() > 0 else float("nan")
 
 
 # ---------------------------------------------------------- what the run harness needs to know of this script

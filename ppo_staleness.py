@@ -376,12 +376,10 @@ def train(args: Args) -> dict:
                         stats[name].append(value.detach())
 
         # logging
-        var_returns = b_returns.var()
-        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for name, vals in stats.items():
             writer.add_scalar(f"losses/{name}", torch.stack(vals).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b_values, b_returns), global_step)
         run.end_iteration(iteration, global_step, next_obs, next_done, queued=len(queue.rollouts),
                           trained_steps=trained_steps)  # SPS, checkpoint
     result = run.finish(iteration, global_step, next_obs, next_done, queued=len(queue.rollouts),
@@ -503,6 +501,12 @@ def categorical_kl(logits_p, logits_q):
     """Per-sample KL[p || q] between categoricals given by logits, [B]."""
     log_p, log_q = torch.log_softmax(logits_p, -1), torch.log_softmax(logits_q, -1)
     return (log_p.exp() * (log_p - log_q)).sum(-1)
+
+
+# ---------------------------------------------------------------------------------------- what train() logs
+def explained_variance(values, returns) -> float:
+    """1 - Var[returns - values] / Var[returns], nan where the returns do not vary."""
+    return (1 - (returns - values).var() / returns.var()).item() if returns.var() > 0 else float("nan")
 
 
 # ---------------------------------------------------------- what the run harness needs to know of this script

@@ -208,6 +208,15 @@ def unroll_minibatches(num_steps, num_envs, num_minibatches, device=None):
     return [(envs, (steps + envs).flatten()) for envs in groups]
 
 
+def epoch_minibatches(args: Args, device) -> list:
+    """One epoch's minibatches as (envs, flat indices): whole unrolls (--whole-unrolls, --lstm: the E-step's top k
+    within them) or shuffled samples (envs None)."""
+    if args.whole_unrolls or args.lstm:
+        return unroll_minibatches(args.num_steps, args.num_envs, args.num_minibatches, device)
+    shuffled = torch.randperm(args.num_envs * args.num_steps, device=device)
+    return [(None, inds) for inds in shuffled.chunk(args.num_minibatches)]
+
+
 class PopArt(nn.Module):
     """Linear value head in normalized space with adaptive statistics (van Hasselt et al., 2016).
 
@@ -284,7 +293,6 @@ def train(args: Args) -> dict:
     if agent.continuous:
         kl_bounds = {"mean": args.eps_alpha_mean, "std": args.eps_alpha_std}
         alpha_inits = {"mean": args.alpha_mean_init, "std": args.alpha_std_init}
-        action_low, action_high = envs.single_action_space.low, envs.single_action_space.high
     else:
         kl_bounds, alpha_inits = {"policy": args.eps_alpha}, {"policy": args.alpha_init}
     # the Lagrange multipliers, eta and an alpha per bound: plain parameters of the one Adam, projected after a step
@@ -296,8 +304,9 @@ def train(args: Args) -> dict:
         lr=args.learning_rate, eps=args.adam_eps, foreach=True,
     )
 
-    # rollout storage
-    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)  # [T, N]
+    # rollout storage, [T, N]; to_env: an action as the envs take it (Box: clipped to its bounds, for the env only)
+    obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)
+    to_env = env_actions(envs.single_action_space)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
     action_dtype = torch.float32 if agent.continuous else torch.long
@@ -334,15 +343,9 @@ def train(args: Args) -> dict:
                 else:
                     step_pi, values[step] = act_and_value(target_agent, agent, next_obs, in_sync)
             run.check_policy(step_pi)  # finite, or the run stops in one sentence
-            if agent.continuous:
-                action = torch.distributions.Normal(*step_pi.chunk(2, -1), validate_args=False).sample()
-                env_action = np.clip(action.cpu().numpy(), action_low, action_high)  # clipped for the env only
-            else:
-                action = torch.distributions.Categorical(logits=step_pi, validate_args=False).sample()
-                env_action = action.cpu().numpy()
+            action = sample_actions(step_pi, agent.continuous)
             actions[step] = action
-
-            next_obs_np, reward, terminated, truncated, info = envs.step(env_action)
+            next_obs_np, reward, terminated, truncated, info = envs.step(to_env(action))
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
             if args.lstm:  # the env's reward, before a truncation's bootstrap is added to it
                 memory = {"core_state": acting_state, "prev_action": action, "prev_reward": rewards[step].clone()}
@@ -377,12 +380,7 @@ def train(args: Args) -> dict:
         stats = defaultdict(list)  # tag -> one value per learning step
         for epoch in range(args.update_epochs):
             run.updating(f"epoch {epoch + 1}/{args.update_epochs}")
-            if args.whole_unrolls or args.lstm:  # (envs, their samples): the E-step's top k within whole unrolls
-                minibatches = unroll_minibatches(args.num_steps, args.num_envs, args.num_minibatches, device)
-            else:
-                shuffled = torch.randperm(args.num_envs * args.num_steps, device=device)
-                minibatches = [(None, inds) for inds in shuffled.chunk(args.num_minibatches)]
-            for mb_envs, mb_inds in minibatches:
+            for mb_envs, mb_inds in epoch_minibatches(args, device):
                 # the minibatch D: PopArt's statistics move to its returns, then pi and V of the online network on D
                 # and pi_target's log-probabilities (logged)
                 mb_obs, mb_actions, mb_returns = b_obs[mb_inds], b_actions[mb_inds], b_returns[mb_inds]
@@ -435,12 +433,10 @@ def train(args: Args) -> dict:
                         stats[f"kl/{name}"].append(kls[name].mean().detach())
 
         # logging
-        var_returns = b_returns.var()
-        explained_var = (1 - (b_returns - b_values).var() / var_returns).item() if var_returns > 0 else float("nan")
         writer.add_scalar("charts/learning_rate", optimizer.param_groups[0]["lr"], global_step)
         for tag, vals in stats.items():
             writer.add_scalar(tag, torch.stack(vals).mean().item(), global_step)
-        writer.add_scalar("losses/explained_variance", explained_var, global_step)
+        writer.add_scalar("losses/explained_variance", explained_variance(b_values, b_returns), global_step)
         # each KL next to its bound; a multiplier rises while its bound is exceeded
         writer.add_scalar("kl/temperature_bound", args.eps_eta, global_step)
         for name, multiplier in multipliers.items():
@@ -694,12 +690,32 @@ def policy_log_prob_and_entropy(pi, actions, continuous=False):
     return normal.log_prob(actions).sum(-1), normal.entropy().sum(-1)
 
 
+def sample_actions(pi, continuous=False):
+    """a ~ pi(.|s) per row of pi: a Gaussian's (mean and std side by side) or a categorical's (logits)."""
+    if continuous:
+        return torch.distributions.Normal(*pi.chunk(2, -1), validate_args=False).sample()
+    return torch.distributions.Categorical(logits=pi, validate_args=False).sample()
+
+
+def env_actions(action_space):
+    """action -> what the envs take, NumPy: a Box action clipped to its bounds (its log-prob is the sampled one's)."""
+    if not isinstance(action_space, gym.spaces.Box):
+        return lambda action: action.cpu().numpy()
+    return lambda action: np.clip(action.cpu().numpy(), action_space.low, action_space.high)
+
+
 def policy_kls(target_pi, pi, continuous=False):
     """Per-sample KL terms of the M-step trust region, keyed like their bounds: {name: [B]}."""
     if not continuous:
         return {"policy": categorical_kl(target_pi, pi)}  # KL[pi_target || pi]
     kl_mean, kl_std = gaussian_kl_decoupled(*target_pi.chunk(2, dim=-1), *pi.chunk(2, dim=-1))
     return {"mean": kl_mean, "std": kl_std}
+
+
+# ---------------------------------------------------------------------------------------- what train() logs
+def explained_variance(values, returns) -> float:
+    """1 - Var[returns - values] / Var[returns], nan where the returns do not vary."""
+    return (1 - (returns - values).var() / returns.var()).item() if returns.var() > 0 else float("nan")
 
 
 # ---------------------------------------------------------- what the run harness needs to know of this script

@@ -14,6 +14,7 @@ IMAGES = (*BSI, "vmpo")  # the scripts with the IMPALA CNN
 EWMA = ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma")  # the scripts with the proximal policy's EWMA
 COPIES = {  # a function or class -> the scripts that hold a copy of it
     "compute_gae": (*IMAGES, "ppo_er"), "layer_init": (*IMAGES, "ppo_er"), "gradient_step": (*IMAGES, "ppo_er"),
+    "explained_variance": (*IMAGES, "ppo_er"),
     **{name: IMAGES for name in ("normed_init", "ResidualBlock", "ConvSequence", "ImpalaCNN",
                                  "categorical_log_prob_and_entropy",
                                  "categorical_kl")},
@@ -27,7 +28,7 @@ COPIES = {  # a function or class -> the scripts that hold a copy of it
     **{name: ("ppo_ewma", "ppo_ewma_rnn") for name in (
         "with_defaults", "apply_batch_divisor", "decay_to_com", "make_env", "NormalizeObservationPerEnv", "gaussian_kl",
         "env_actions", "clipped_value_loss", "raw_value", "past_target_kl", "linear_schedule", "kl_adaptive_lr",
-        "add_statistics", "explained_variance", "option_scalars", "warn_about_settings")},
+        "add_statistics", "option_scalars", "warn_about_settings")},
 }
 RENAMES = {}  # script -> {its name for a concept: the name the other scripts give it}, applied before comparing
 
