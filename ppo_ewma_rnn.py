@@ -49,8 +49,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     num_steps: int = 256
     """timesteps per rollout T"""
     num_minibatches: int = 8
-    """minibatches per epoch M: each holds N/M envs' whole unrolls (the official layout), replayed from their stored
-    states: M divides N"""
+    """minibatches per epoch M (it divides N), each N/M envs' whole unrolls replayed from their stored states"""
     update_epochs: int = 3
     """policy epochs E"""
     learning_rate: float = 5e-4
@@ -341,15 +340,14 @@ def train(args: Args) -> dict:
     value_moments = EwmaMoments(1.0) if args.norm_value else None  # --norm-value: every return so far (raw_value)
     warn_about_settings(args, agent.continuous)
 
-    # rollout storage, [T, N], with the core's inputs besides obs and dones as the rollout fed them, for the replay
+    # rollout storage, [T, N]; bootstraps: gamma V(final obs) at truncations; the core's other inputs, for the replay
     continuous, to_env = agent.continuous, env_actions(envs.single_action_space, device)
     obs_dtype, rollout_shape = harness.obs_dtype(envs), (args.num_steps, args.num_envs)
     obs_shape, action_shape = envs.single_observation_space.shape, envs.single_action_space.shape
     obs = torch.zeros(rollout_shape + obs_shape, dtype=obs_dtype, device=device)
     actions = torch.zeros(rollout_shape + action_shape, dtype=torch.float if continuous else torch.long, device=device)
     behav_pis = torch.zeros(rollout_shape + (agent.pi_size,), device=device)  # pi_behav: the KL's pi_prox under PPO
-    rewards, dones, values = (torch.zeros(rollout_shape, device=device) for _ in range(3))
-    bootstraps = torch.zeros(rollout_shape, device=device)  # gamma V(final obs) at truncations
+    rewards, dones, values, bootstraps = (torch.zeros(rollout_shape, device=device) for _ in range(4))
     prev_actions, prev_rewards = torch.zeros_like(actions), torch.zeros(rollout_shape, device=device)
 
     next_obs = torch.as_tensor(envs.reset(seed=args.seed)[0], dtype=obs_dtype, device=device)
@@ -386,8 +384,8 @@ def train(args: Args) -> dict:
             rewards[step] = torch.as_tensor(reward, dtype=torch.float32, device=device)
             # the raw reward: the scaled one is known only once the rollout ends
             memory = {"core_state": core_state, "prev_action": action, "prev_reward": rewards[step].clone()}
-            # time-limit truncation is not termination: gamma * V(final obs) is kept apart in `bootstraps`, already in
-            # scaled units, and added to the scaled reward below; V from the state before the reset, one step on
+            # time-limit truncation is not termination: gamma V(final obs), scaled units, goes to the scaled reward; V
+            # from the core state before the reset, one step on
             truncated_only = np.flatnonzero(truncated & ~terminated)
             if truncated_only.size:
                 final_obs = torch.as_tensor(np.stack(info["final_obs"][truncated_only]), dtype=obs_dtype, device=device)
@@ -406,8 +404,7 @@ def train(args: Args) -> dict:
         scaled_rewards = reward_normalizer(rewards, dones, harness.global_batch) if reward_normalizer else rewards
         advantages, returns = compute_gae(scaled_rewards + bootstraps, values, dones, next_value, next_done,
                                           args.gamma, args.gae_lambda)
-        b_actions = actions.reshape((-1,) + action_shape)
-        b_behav_pis = behav_pis.reshape(-1, agent.pi_size)
+        b_actions, b_behav_pis = actions.flatten(0, 1), behav_pis.flatten(0, 1)
         b_behav_logps = policy_log_prob_and_entropy(b_behav_pis, b_actions, continuous)[0]  # log pi_behav(a|s)
         b_advantages, b_returns, b_values = advantages.reshape(-1), returns.reshape(-1), values.reshape(-1)
         if args.norm_adv:  # full-batch normalization with EWMA moments over `adv_norm_span` iterations
@@ -716,8 +713,7 @@ def policy_kl(pi_p, pi_q, continuous=False):
 
 
 def sample_actions(pi, continuous=False, mode=False):
-    """a ~ pi(.|s) for each row of pi, without a device sync; with `mode` (--eval-deterministic) the most likely a:
-    the Gaussian's mean, the categorical's argmax."""
+    """a ~ pi(.|s) per row, no device sync; `mode` (--eval-deterministic): the mean or argmax."""
     if continuous:
         mean, log_std = pi.chunk(2, dim=-1)
         return mean if mode else mean + log_std.exp() * torch.randn_like(mean)
