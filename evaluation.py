@@ -77,10 +77,10 @@ def actor(sample, envs, device, source: str = ""):
     return act
 
 
-def play_during_training(run, walk):
+def play_during_training(run, global_step: int, walk) -> None:
     """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), with the
-    training envs' observation statistics frozen and the run's weights; the random state put back after. None if a
-    signal stopped it."""
+    training envs' observation statistics frozen and the run's weights, the random state put back after; their mean
+    and std raw return logged at global_step, unless a signal stopped it."""
     args, rng = run.args, walk.rng_state()
     num_episodes, seed = args.eval_episodes, args.seed + EVAL_SEED_OFFSET
     if run.eval_envs is None:
@@ -94,7 +94,10 @@ def play_during_training(run, walk):
     act = actor(run.script.acting_policy(args, run.eval_envs, load, run.device), run.eval_envs, run.device)
     returns = play(run.eval_envs, act, num_episodes, seed, stopping=lambda: run.stop_signal is not None)
     walk.set_rng_state(rng)
-    return returns
+    if returns is not None:  # None: a signal stopped it
+        run.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
+        run.writer.add_scalar("eval/std_return", np.std(returns), global_step)
+        run.last_eval_step = global_step
 
 
 def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):

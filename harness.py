@@ -12,10 +12,9 @@ flattened observations, chunked passes). A script describes itself in a `Script`
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
-What only some runs use is a module of its own, imported only where a flag asks (service()) and importing none of
-this one: reading a checkpoint (checkpoints.py: --resume, --eval-checkpoint), evaluation and video (evaluation.py),
-torchrun's workers (workers.py), W&B (tracking.py). This module composes them and hands each what it uses. It never
-imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient steps are the scripts'.
+What only some runs use is a module of its own, imported where a flag asks (service()), importing none of this one:
+checkpoints.py (reading a file), resume.py, evaluation.py (and video), workers.py (torchrun), tracking.py (W&B). This
+module never imports a script and holds no algorithm: hyperparameters, env stack and gradient steps are the scripts'.
 """
 import ctypes
 import dataclasses
@@ -149,9 +148,8 @@ class Script:
     doc: str  # its docstring: the first paragraph names the algorithm, the `python ...` lines are its recipes
     args_type: type  # its Args dataclass
     make_env: Callable  # (args, render_mode=None) -> gymnasium VectorEnv
-    acting_policy: Callable  # (args, envs, load, device) -> sample(obs, reward, done) -> actions (tensors; reward and
-    # done: the last step's, for a recurrent policy), for evaluation; load(module, name) puts the weights `name` into
-    # module, checked
+    acting_policy: Callable  # (args, envs, load, device) -> sample(obs, reward, done) -> action tensors, for evaluation
+    # (reward, done: the last step's, for a recurrent policy); load(module, name) loads the weights `name`, checked
     flag_ranges: dict  # {flag: interval such as "(0, 1]"} for its own numeric flags
     check_args: Callable = lambda args, observation_space, action_space: None  # its own checks of the run's Args
     describe: Callable = describe  # (the run's args, num_iterations) -> the start-up block's "steps" line
@@ -245,8 +243,7 @@ def seen_observation_space(space, images: bool = True):
 def boxes_only(space) -> bool:
     """A Box, or a Dict or Tuple (nested or not) of Boxes: what vector_observations can flatten."""
     if isinstance(space, (gym.spaces.Dict, gym.spaces.Tuple)):
-        parts = space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces
-        return all(boxes_only(part) for part in parts)
+        return all(map(boxes_only, space.spaces.values() if isinstance(space, gym.spaces.Dict) else space.spaces))
     return isinstance(space, gym.spaces.Box)
 
 
@@ -431,16 +428,16 @@ class Run:
 
     def restore(self, saved, next_obs, next_done) -> tuple:
         """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
-        first (checkpoints.restore_run); then open the logs (TensorBoard, W&B with --track), which a refused resume
+        first (resume.restore_run); then open the logs (TensorBoard, W&B with --track), which a refused resume
         never touches. Returns (global_step, first iteration, next_obs, next_done); keys: run.restored."""
         assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
         self.saved, global_step, first_iteration, refusal = saved, 0, 1, None
+        batch_size = self.world_size * self.args.num_envs * self.args.num_steps
         if self.checkpoint is not None:
-            resume, checkpoints = sys.modules["resume"], sys.modules["checkpoints"]
+            resume, part = sys.modules["resume"], sys.modules["checkpoints"].worker_view(self.checkpoint, self.rank)
             try:  # each worker checks its own part (its envs, random state, statistics) as rank 0 checks its own
                 global_step, first_iteration, next_obs, next_done, returns, self.keys = resume.restore_run(
-                    checkpoints.worker_view(self.checkpoint, self.rank), saved, self.envs, next_obs, next_done,
-                    f"--resume {self.command_args.resume}", self.world_size * self.args.num_envs * self.args.num_steps,
+                    part, saved, self.envs, next_obs, next_done, f"--resume {self.command_args.resume}", batch_size,
                     self.num_iterations, ENV_WALK)
                 self.episode_returns.extend(returns)
             except SystemExit as error:
@@ -450,13 +447,16 @@ class Run:
             if self.args.track:  # before the writer, whose scalars it syncs (tracking.py)
                 self.wandb_run_id = service("tracking", "--track").start(self.command_args, self.run_dir, (
                     self.checkpoint or {}).get("wandb_run_id"))
-            self.writer.summary = open_writer(self.run_dir, self.args, self.checkpoint)
-            if self.adjusted and self.checkpoint is None:
-                self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
+            # a resumed run hides what its first life logged after the checkpoint (purge_step)
+            self.writer.summary = SummaryWriter(self.run_dir, purge_step=global_step + 1 if self.checkpoint else None)
+            if self.checkpoint is None:
+                table = "\n".join(f"|{k}|{v}|" for k, v in vars(self.args).items())
+                self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
+                if self.adjusted:
+                    self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
         self.last_safe_iteration, self.last_checkpoint_time = first_iteration - 1, time.monotonic()
         self.last_eval_step, self.start_step, self.start_time = global_step, global_step, time.time()
-        self.progress = Progress(self.num_iterations * self.world_size * self.args.num_envs * self.args.num_steps,
-                                 global_step)
+        self.progress = Progress(self.num_iterations * batch_size, global_step)
         self.last_returns = list(self.episode_returns)  # the progress line's
         return global_step, first_iteration, next_obs, next_done
 
@@ -515,20 +515,15 @@ class Run:
         every = self.command_args.eval_every
         if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
             self.progress.set_status("evaluating")
-            returns = service("evaluation", "--eval-every").play_during_training(self, ENV_WALK)
-            if returns is not None:  # None: a signal stopped the evaluation
-                self.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
-                self.writer.add_scalar("eval/std_return", np.std(returns), global_step)
-                self.last_eval_step = global_step
+            service("evaluation", "--eval-every").play_during_training(self, global_step, ENV_WALK)
         self.progress.iteration_done(global_step)
         stop = self.stop_requested()
         if not (can_checkpoint or stop and not self.checkpoints):
             return
         every, last = self.command_args.checkpoint_every, self.last_safe_iteration
-        due = iteration == self.num_iterations or stop or (
+        due = any_worker(iteration == self.num_iterations or stop or (  # torchrun: all write it together
             iteration // every > last // every if every else
-            time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES)
-        due = bool(WORKERS.largest(int(due), self.device)) if WORKERS else due  # torchrun: all write it together
+            time.monotonic() - self.last_checkpoint_time >= 60 * CHECKPOINT_MINUTES))
         if self.checkpoints and due:
             self.save("checkpoint.safetensors", iteration, global_step, next_obs, next_done, **extra)
             self.last_checkpoint_time = time.monotonic()
@@ -545,7 +540,7 @@ class Run:
             iteration=iteration, num_iterations=self.num_iterations, episode_returns=list(self.episode_returns),
             script=self.script.name, **({"wandb_run_id": self.wandb_run_id} if self.wandb_run_id else {}), **extra)
         if WORKERS:  # every worker's part, at rank 0
-            parts = WORKERS.parts_at_rank_0(worker_part(checkpoint))
+            parts = WORKERS.parts_at_rank_0(checkpoint)
             if self.rank != 0:
                 return
             checkpoint["workers"] = parts[1:]
@@ -813,15 +808,6 @@ def save_checkpoint(path: str, checkpoint: dict, dir_fd: Optional[int] = None) -
 def shown(name: str) -> str:
     """A name read from the disk (a file's, a folder's), printable: each character that does not print escaped."""
     return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in name)
-
-
-SHARED_KEYS = ("args", "models", "optimizers", "global_step", "iteration", "num_iterations", "episode_returns",
-               "script", "wandb_run_id")  # the same on every torchrun worker (checkpoints.py reads them so)
-
-
-def worker_part(checkpoint: dict) -> dict:
-    """A torchrun worker's own part of a checkpoint (envs, random state, statistics, keys), which rank 0 writes."""
-    return {key: value for key, value in checkpoint.items() if key not in SHARED_KEYS}
 
 
 def rng_state() -> dict:
@@ -1191,16 +1177,6 @@ def print_startup(script: Script, env_id: str, device_note: str, run_dir: str, l
         print(f"  {label:<10} {text}")
 
 
-def open_writer(run_dir: str, args, checkpoint) -> SummaryWriter:
-    """TensorBoard writer; a resumed run hides what its first life logged after the checkpoint (purge_step)."""
-    if checkpoint is not None:
-        return SummaryWriter(run_dir, purge_step=checkpoint["global_step"] + 1)
-    writer = SummaryWriter(run_dir)
-    table = "\n".join(f"|{k}|{v}|" for k, v in vars(args).items())
-    writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
-    return writer
-
-
 class Writer:
     """The run's TensorBoard writer (summary), once its logs open (Run.restore: a resume known to fit); until then, and
     on the torchrun workers other than rank 0, every call does nothing."""
@@ -1223,29 +1199,26 @@ class Progress:
             self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
                             dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
 
-    def summary(self, step: int, episode_returns, bar: bool = False) -> str:
+    def summary(self, bar: bool = False) -> str:
         """The status line; `bar`: the bar's shorter one, where a status replaces SPS and ETA (both move only at an
         iteration's end), so that bar and status fit 80 columns."""
-        text = "mean_return " + (f"{float(np.mean(episode_returns)):.2f}" if len(episode_returns) else "-") + "  "
+        text = "mean_return " + (f"{float(np.mean(self.episode_returns)):.2f}" if self.episode_returns else "-") + "  "
         if bar and self.status:
             return text + self.status
         if self.done is None:
             text += "in the first iteration"
         else:
             sps = (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
-            text += f"SPS {sps:,.0f}  ETA {duration((self.total - step) / max(sps, 1e-9))}"
+            text += f"SPS {sps:,.0f}  ETA {duration((self.total - self.step) / max(sps, 1e-9))}"
         return text + (f"  {self.status}" if self.status else "")
 
     def update(self, step: int, episode_returns, force: bool = False) -> None:
         self.step, self.episode_returns, now = step, episode_returns, time.monotonic()
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            if force or now - self.last_line >= 1:
-                self.last_line = now
-                self.bar.set_postfix_str(self.summary(step, episode_returns, bar=True))
-        elif force or now - self.last_line >= PROGRESS_EVERY:
+        if force or now - self.last_line >= (PROGRESS_EVERY if self.bar is None else 1):
             self.last_line = now
-            self.print_line(step, episode_returns)
+            self.show()
 
     def set_status(self, status: str) -> None:
         if status != self.status:
@@ -1255,17 +1228,19 @@ class Progress:
     def iteration_done(self, step: int) -> None:
         self.done, self.status = (step, time.monotonic()), ""
 
-    def print_line(self, step: int, episode_returns) -> None:
-        print(f"step {step:,}/{self.total:,} ({100 * step / self.total:.0f}%)  {self.summary(step, episode_returns)}  "
-              f"elapsed {duration(time.monotonic() - self.start_time)}", flush=True)
+    def show(self) -> None:
+        """The bar's status on a terminal, else a line."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(self.summary(bar=True))
+        else:
+            print(f"step {self.step:,}/{self.total:,} ({100 * self.step / self.total:.0f}%)  {self.summary()}  "
+                  f"elapsed {duration(time.monotonic() - self.start_time)}", flush=True)
 
     def close(self, step: int, episode_returns) -> None:
-        self.status = ""
+        self.step, self.episode_returns, self.status = step, episode_returns, ""
+        self.show()
         if self.bar is not None:
-            self.bar.set_postfix_str(self.summary(step, episode_returns, bar=True))
             self.bar.close()
-        else:
-            self.print_line(step, episode_returns)
 
 
 # ----------------------------------------------------------------------------- --eval-checkpoint (evaluation.py)

@@ -10,6 +10,9 @@ import sys
 import torch
 import torch.distributed as dist
 
+SHARED_KEYS = ("args", "models", "optimizers", "global_step", "iteration", "num_iterations", "episode_returns",
+               "script", "wandb_run_id")  # a checkpoint's keys that are the same on every worker (checkpoints.py's)
+
 
 def take_gpu(cuda: bool) -> None:
     """Make this worker's GPU (LOCAL_RANK) the default, before anything touches CUDA, or every worker opens a context
@@ -99,10 +102,15 @@ def every_workers(value) -> list:
     return values
 
 
-def parts_at_rank_0(part):
-    """Every worker's part of a checkpoint, at rank 0 (in rank order; None on the others)."""
+def worker_part(checkpoint: dict) -> dict:
+    """A worker's own part of its checkpoint (envs, random state, statistics, keys), which rank 0 writes."""
+    return {key: value for key, value in checkpoint.items() if key not in SHARED_KEYS}
+
+
+def parts_at_rank_0(checkpoint: dict):
+    """Every worker's part of its checkpoint (worker_part), at rank 0 (in rank order; None on the others)."""
     parts = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(part, parts, dst=0)
+    dist.gather_object(worker_part(checkpoint), parts, dst=0)
     return parts
 
 

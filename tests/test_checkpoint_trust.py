@@ -26,6 +26,7 @@ import checkpoints
 import harness
 import ppo_ewma
 from saved_files import read_back, write_back
+from workers import worker_part
 
 TINY = dict(env_id="CartPole-v1", num_envs=2, num_steps=32, num_minibatches=2, gamma=0.99, cuda=False)
 SCRIPT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -861,7 +862,7 @@ def test_statistics_whose_derived_values_overflow_are_refused_when_restored(tmp_
 # 5 ----------------------------------------------------------------------- every worker's part, checked alike
 def test_every_workers_part_is_checked_as_the_first_workers_is(stopped):
     path, craft = stopped
-    part = harness.worker_part(read_back(path))
+    part = worker_part(read_back(path))
     for workers, message in [
         ([{key: value for key, value in part.items() if key != "normalizers"}],
          r"checkpoint\.safetensors: its part of worker 1 is not a ppo_ewma\.py checkpoint: its 'normalizers' is "

@@ -519,7 +519,7 @@ def test_a_checkpoint_resumes_only_with_as_many_workers_as_wrote_it(tmp_path, mo
         ppo_ewma.train(ppo_ewma.Args(resume=path))
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name)
-    write_back(path, {**checkpoint, "iteration": 1, "global_step": 256, "workers": [harness.worker_part(checkpoint)]})
+    write_back(path, {**checkpoint, "iteration": 1, "global_step": 256, "workers": [workers.worker_part(checkpoint)]})
     with pytest.raises(SystemExit, match=r"its checkpoint holds the envs of 2 workers, not 1: resume it with torchrun "
                                          r"--nproc_per_node 2\.$"):
         ppo_ewma.train(ppo_ewma.Args(resume=path))
