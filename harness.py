@@ -12,9 +12,10 @@ flattened observations, chunked passes). A script describes itself in a `Script`
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
-What only some runs use is a module of its own, imported where a flag asks (service()), importing none of this one:
-checkpoints.py (reading a file), resume.py, evaluation.py (and video), workers.py (torchrun), tracking.py (W&B). This
-module never imports a script and holds no algorithm: hyperparameters, env stack and gradient steps are the scripts'.
+What only some runs use is a module of its own, imported only where a flag asks (service()) and importing none of
+this one: reading a checkpoint (checkpoints.py: --resume, --eval-checkpoint), evaluation and video (evaluation.py),
+torchrun's workers (workers.py), W&B (tracking.py). This module composes them and hands each what it uses. It never
+imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient steps are the scripts'.
 """
 import ctypes
 import dataclasses
@@ -475,7 +476,8 @@ class Run:
     def stop_if_refused(self, refusal: Optional[str]) -> None:
         """Stop every worker with the first worker's refusal, if any refused (torchrun: agreed in one collective, so
         that every worker says it and none trains); let go of what open() took, the lock included."""
-        refusal = agreed(refusal)
+        if WORKERS:  # the first refusal of any worker, in rank order
+            refusal = next((refusal for refusal in WORKERS.every_workers(refusal) if refusal is not None), None)
         if refusal is not None:
             self.release()
             raise SystemExit(refusal)
@@ -517,7 +519,9 @@ class Run:
             self.progress.set_status("evaluating")
             service("evaluation", "--eval-every").play_during_training(self, global_step, ENV_WALK)
         self.progress.iteration_done(global_step)
-        stop = self.stop_requested()
+        if WORKERS:  # any worker's signal, so that all stop at the same iteration
+            self.stop_signal = WORKERS.largest(self.stop_signal or 0, self.device) or None
+        stop = self.stop_signal is not None
         if not (can_checkpoint or stop and not self.checkpoints):
             return
         every, last = self.command_args.checkpoint_every, self.last_safe_iteration
@@ -555,15 +559,12 @@ class Run:
                      "global_step": global_step, "normalizers": normalizer_states(self.envs),
                      "models": {policy: self.saved.models[policy].state_dict()}}
             write_file(path, model_bytes(model, policy), self.dir_fd)
-        self.close(global_step)
+        self.progress.close(global_step, self.episode_returns)
+        self.release()
         if self.command_args.save_model and self.rank == 0:
             print(f"saved {path}; play it: python {self.script.name} --eval-checkpoint {shlex.quote(path)}")
         mean_return = float(np.mean(self.episode_returns)) if self.episode_returns else float("nan")
         return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
-
-    def close(self, global_step) -> None:
-        self.progress.close(global_step, self.episode_returns)
-        self.release()
 
     def release(self) -> None:
         """Close the envs, the writers and the group of workers, let go of the lock, put the signal handlers back."""
@@ -594,16 +595,11 @@ class Run:
         where = "at the next iteration end" + (" that can be checkpointed" if self.checkpoints else "")
         print(f"\n{name}: stopping {where}; {name} again stops at once.", flush=True)
 
-    def stop_requested(self) -> bool:
-        """Whether a signal asked to stop (torchrun: any worker's, so that all stop at the same iteration)."""
-        if WORKERS:
-            self.stop_signal = WORKERS.largest(self.stop_signal or 0, self.device) or None
-        return self.stop_signal is not None
-
     def stop(self, iteration, global_step) -> None:
         """Close the run after a signal: say where it stopped and how to resume; exit with 128 + the signal."""
         signum, path = self.stop_signal, f"{self.run_dir}/checkpoint.safetensors"
-        self.close(global_step)
+        self.progress.close(global_step, self.episode_returns)
+        self.release()
         print(f"stopped by {signal.Signals(signum).name} after iteration {iteration:,} of {self.num_iterations:,} "
               f"(step {global_step:,})" + (f"; checkpoint {path}" if self.checkpoints else ""))
         print(f"resume: {resume_command(self.script, self.command_args, path, self.world_size)}" if self.checkpoints
@@ -700,16 +696,12 @@ class Saved:
 def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
     """The one format, tensors and plain data only: Args, `saved`'s states, the env stack's normalizers and state
     (env_state), the random state, and `keys` (global_step, iteration, ..., and a script's own)."""
-    return {
-        "args": dataclasses.asdict(args),
-        "models": {name: model.state_dict() for name, model in saved.models.items()},
-        "optimizers": {name: optimizer.state_dict() for name, optimizer in saved.optimizers.items()},
-        "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer))
-                                                      for name, normalizer in saved.normalizers.items()}},
-        "rng": rng_state(),
-        "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done},
-        **keys,
-    }
+    return {"args": dataclasses.asdict(args),
+            "models": {name: model.state_dict() for name, model in saved.models.items()},
+            "optimizers": {name: optimizer.state_dict() for name, optimizer in saved.optimizers.items()},
+            "normalizers": {**normalizer_states(envs), **{name: dict(vars(normalizer))
+                                                          for name, normalizer in saved.normalizers.items()}},
+            "rng": rng_state(), "env": {"state": env_state(envs), "next_obs": next_obs, "next_done": next_done}, **keys}
 
 
 def encoded(value, tensors: dict, path: str = ""):
@@ -1061,10 +1053,9 @@ def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples) -> 
             raise SystemExit(f"--num-minibatches {m} must divide the batch of {n * t} samples (--num-envs {n} x "
                              f"--num-steps {t}).")
     elif m < 1 or (n % m != 0 if m <= n else m % n != 0 or t % (m // n) != 0):
-        raise SystemExit(
-            f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or be a "
-            f"multiple of it that cuts --num-steps {t} into equal time chunks (or pass --shuffle-samples)."
-        )
+        raise SystemExit(f"--num-minibatches {m} must divide --num-envs {n} (whole trajectories per minibatch), or "
+                         f"be a multiple of it that cuts --num-steps {t} into equal time chunks (or pass "
+                         f"--shuffle-samples).")
 
 
 def check_memory(num_bytes: int, cuda: bool, what: str, flags: str) -> None:
@@ -1329,17 +1320,9 @@ def gather_episodes(episodes):
     return sorted((episode for worker in WORKERS.every_workers(episodes) for episode in worker), key=lambda e: e[0])
 
 
-def agreed(refusal: Optional[str]) -> Optional[str]:
-    """The first refusal of any worker (in rank order), the same on every worker, so that all stop alike with the
-    same sentence. One process: refusal."""
-    if not WORKERS:
-        return refusal
-    return next((refusal for refusal in WORKERS.every_workers(refusal) if refusal is not None), None)
-
-
 def check_policy(pi, origin: str = "", agreed_by: Callable = lambda flag: flag) -> None:
     """Stop in one sentence where the policy's outputs pi (logits, or a Gaussian's mean and log-std) are not finite,
-    before an action is sampled from them; origin says where the numbers came from; agreed_by: any_worker in training."""
+    before an action is sampled from them; origin: where the numbers came from; agreed_by: any_worker in training."""
     if agreed_by(not bool(torch.isfinite(pi).all())):
         raise SystemExit(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
 
