@@ -158,7 +158,7 @@ class Script:
     worker_share: Optional[Callable] = None  # (args, rank, world_size) -> a torchrun worker's Args; None: 1 process
     run_name: Callable = lambda args: f"{portable(args.env_id)}__{args.exp_name}__{args.seed}"  # the run dir, less time
     procgen: bool = False  # whether it runs the Procgen games (64x64x3 uint8 images, 15 actions)
-    actions: str = "discrete"  # the action spaces it accepts: "discrete", "continuous" or "any"
+    actions: str = "discrete"  # the action spaces it accepts, one of ACCEPTED_ACTIONS: "discrete", "continuous", ...
     images: bool = True  # whether it accepts 64x64x3 image observations, besides vectors
     missing_flags: dict = dataclasses.field(default_factory=dict)  # flags added later, as older checkpoints trained
     checkpoint_keys: tuple = ()  # its own keys in checkpoints (the names of its Saved keys)
