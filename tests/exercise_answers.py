@@ -257,14 +257,14 @@ def ppo_er_loss(new_logp, behav_logp, advantages, clip_coef):
 WRONG = {
     "compute_gae": [
         ("the episode boundary forgotten in the recursion", "",
-         [("gamma * gae_lambda * next_nonterminal * last_gae",
+         [("gamma * gae_lambda * next_nonterminals[t] * last_gae",
            "gamma * gae_lambda * last_gae")]),
         ("next_done ignored at the last step", "",
-         [("next_nonterminal, next_values = 1.0 - next_done, next_value",
-           "next_nonterminal, next_values = 1.0, next_value")]),
+         [("step_dones[1:], next_done.cpu().numpy()[None]",
+           "step_dones[1:], 0.0 * next_done.cpu().numpy()[None]")]),
         ("dones[t] in place of dones[t + 1]", "",
-         [("1.0 - dones[t + 1], values[t + 1]",
-           "1.0 - dones[t], values[t + 1]")]),
+         [("np.concatenate([step_dones[1:],",
+           "np.concatenate([step_dones[:-1],")]),
     ],
     "decoupled_clip_loss": [
         ("the lower clip 1 / (1 + eps) in place of 1 - eps", "",
