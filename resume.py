@@ -153,9 +153,8 @@ def check_counters(checkpoint, source: str, batch_size: int, num_iterations: int
     """A checkpoint's (iteration, global_step) once they fit the run: an iteration before its last, batch_size each."""
     with refused("iteration", source):
         iteration, global_step = checkpoint["iteration"], checkpoint["global_step"]
-        if not 0 <= iteration < num_iterations == checkpoint["num_iterations"]:  # the flags give its num_iterations
-            raise ValueError(f"{iteration} is not one of the run's {num_iterations:,} iterations (it says "
-                             f"{checkpoint['num_iterations']:,})")
+        if not 0 <= iteration < num_iterations:
+            raise ValueError(f"{iteration} is not one of the run's {num_iterations:,} iterations")
         if global_step != iteration * batch_size:
             raise ValueError(f"{iteration} does not go with global_step {global_step} ({batch_size:,} steps each)")
     return iteration, global_step
