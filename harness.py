@@ -305,7 +305,15 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
         cuda, workers = torch.cuda.is_available() and args.cuda, service("workers", "torchrun") if torchrun else None
         if workers:  # this worker's GPU before anything touches CUDA (check_args does)
             workers.take_gpu(cuda)
-        check_args(args, script)  # a bad flag is named as in a single process
+        try:  # a bad flag is named as in a single process; one the script adjusted, with the value it was given
+            check_args(args, script)
+        except SystemExit as error:
+            given = script.defaults(flags)
+            adjusted = [f"--{name.replace('_', '-')} {getattr(given, name)} -> {getattr(args, name)}" for name in
+                        vars(given) if getattr(given, name) != getattr(args, name)
+                        and f"--{name.replace('_', '-')} {getattr(args, name)}" in str(error.code)]
+            raise SystemExit(f"{error.code} (adjusted from the flags: {', '.join(adjusted)})" if adjusted else
+                             error.code) from None
         if workers:  # each worker's share of the envs, checked as a run of its own, before the workers join
             workers.join(cuda, rank, world_size, flags.num_envs, args.num_envs, lambda rank: script.worker_share(
                 args, rank, world_size), lambda share: script.check_args(share, *check_spaces(args.env_id, script)))

@@ -33,7 +33,7 @@ class Args(harness.RunArgs):  # run flags: seed, device, --bf16 (off), checkpoin
     # the paper's experiment: Procgen, 100M steps
     env_id: str = "starpilot"
     """a Procgen game, or any id gym.make takes (`module:EnvId` too) with Box, Dict or Tuple observations and
-    Discrete (CartPole-v1), MultiDiscrete or Box (Pendulum-v1, HalfCheetah-v5) actions"""
+    Discrete (CartPole-v1) or Box (Pendulum-v1, HalfCheetah-v5) actions"""
     distribution_mode: Literal["easy", "hard"] = "hard"
     """Procgen difficulty (the paper: hard)"""
     num_levels: int = 0
@@ -171,7 +171,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
     """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A), r_t = pi/pi_prox and
     r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
-    All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
+    All [B], only new_logp with gradient. With prox_logp == behav_logp: PPO's loss where the cap does not bind."""
     prox_logp = prox_logp.detach()
     # Appendix B's cap pi/pi_behav <= max_is_ratio: raising log pi_behav lowers both terms alike; pi keeps its gradient
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))
@@ -459,9 +459,9 @@ def train(args: Args) -> dict:
                 break  # --target-kl: the remaining epochs are skipped
 
         # logging: the minibatches' means, the iteration's own scalars, the options'
-        scalars = {f"losses/{name}": torch.stack(values).mean().item() for name, values in stats.items()}
+        scalars = {f"losses/{name}": torch.stack(terms).mean().item() for name, terms in stats.items()}
         scalars.update({"charts/learning_rate": optimizer.param_groups[0]["lr"],
-                        "losses/approx_kl_behav_last": epoch_kl.item(),  # how far the update ended
+                        "losses/approx_kl_behav_last": epoch_kl.item(),  # the last epoch's, each before its step
                         "losses/explained_variance": explained_variance(b_values, b_returns)})
         scalars.update({"charts/ewma_decay": ewma_decay, "charts/ewma_weight": ewma_weight} if args.ewma else {})
         scalars.update(option_scalars(args, gradient_steps, adv_moments, value_moments))

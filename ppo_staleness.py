@@ -115,7 +115,7 @@ def compute_gae(rewards, values, dones, next_value, next_done, gamma, gae_lambda
 def decoupled_clip_loss(new_logp, prox_logp, behav_logp, advantages, clip_coef, max_is_ratio=100.0):
     """-L^CLIP_decoupled (Sec. 2), the mean of -r_prox min(r_t A, clip(r_t, 1-eps, 1+eps) A), r_t = pi/pi_prox and
     r_prox = pi_prox/pi_behav: as r_prox > 0 and r_prox r_t = pi/pi_behav, -min((pi/pi_behav) A, r_prox clip(r_t) A).
-    All [B], only new_logp with gradient. With prox_logp == behav_logp (r_prox = 1): PPO's loss where the cap is off."""
+    All [B], only new_logp with gradient. With prox_logp == behav_logp: PPO's loss where the cap does not bind."""
     prox_logp = prox_logp.detach()
     # Appendix B's cap pi/pi_behav <= max_is_ratio: raising log pi_behav lowers both terms alike; pi keeps its gradient
     behav_logp = torch.maximum(behav_logp.detach(), new_logp.detach() - math.log(max_is_ratio))

@@ -9,6 +9,7 @@ first. The scalars
 were first recorded at commit f363de8, the last commit before harness.py existed, and the commits that moved the
 run plumbing into harness.py logged exactly those numbers.
 """
+import dataclasses
 import glob
 import io
 import json
@@ -446,6 +447,20 @@ def test_fewer_steps_than_one_iteration_are_refused_before_any_work(tmp_path, mo
         ppo_ewma.train(ppo_ewma.Args(**TINY, total_timesteps=50))
     with pytest.raises(SystemExit, match=r"one iteration of 65,536 steps \(--num-envs 256 x --num-steps 256\)"):
         harness.check_args(ppo_ewma.Args(env_id="CartPole-v1", total_timesteps=100), ppo_ewma.SCRIPT)
+    assert not os.path.exists("runs")
+
+
+def test_a_flag_the_script_adjusted_is_named_with_the_value_it_was_given(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    import ppo_ewma
+
+    # --batch-divisor 2 halves --num-envs 8 to 4; 1 step x 4 envs cannot make 8 minibatches
+    args = ppo_ewma.Args(**dict(TINY, num_envs=8, num_steps=1, num_minibatches=8, batch_divisor=2))
+    with pytest.raises(SystemExit, match=r"must divide --num-envs 4 .* \(adjusted from the flags: --num-envs 8 -> 4\)$"):
+        ppo_ewma.train(args)
+    with pytest.raises(SystemExit, match=r"must divide --num-envs 8 .*--num-steps 1 into equal time chunks "
+                                         r"\(or pass --shuffle-samples\)\.$"):  # nothing adjusted: nothing added
+        ppo_ewma.train(dataclasses.replace(args, num_envs=8, num_minibatches=16, batch_divisor=1))
     assert not os.path.exists("runs")
 
 
