@@ -96,13 +96,19 @@ def cpu_capabilities():
     return CAPABILITIES[:CAPABILITIES.index(native) + 1] if native in CAPABILITIES else (native,)
 
 
-def log_every_run(capability, directory):
-    """{run name: logged scalars} of every run of RUNS, in a process of its own with ATEN_CPU_CAPABILITY=capability."""
-    path = os.path.join(directory, f"logged_{capability}.json")
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--log", path], cwd=directory, check=True,
-                   env=dict(os.environ, ATEN_CPU_CAPABILITY=capability), stdout=subprocess.DEVNULL)
-    with open(path) as file:
-        return json.load(file)
+def log_every_run(capabilities, directory):
+    """{level: {run name: logged scalars}} of every run of RUNS, in a process of its own for each ATEN_CPU_CAPABILITY
+    level, the processes side by side (one thread each)."""
+    paths = {capability: os.path.join(directory, f"logged_{capability}.json") for capability in capabilities}
+    processes = [subprocess.Popen([sys.executable, os.path.abspath(__file__), "--log", path], cwd=directory,
+                                  env=dict(os.environ, ATEN_CPU_CAPABILITY=capability), stdout=subprocess.DEVNULL)
+                 for capability, path in paths.items()]
+    assert [process.wait() for process in processes] == [0] * len(processes)
+    logged = {}
+    for capability, path in paths.items():
+        with open(path) as file:
+            logged[capability] = json.load(file)
+    return logged
 
 
 def tags_beyond_tolerance(logged, recorded, spread):
@@ -120,13 +126,13 @@ def tags_beyond_tolerance(logged, recorded, spread):
     return wrong
 
 
-@pytest.mark.parametrize("capability", cpu_capabilities())
-def test_every_scalar_is_the_recorded_one_on_every_cpu(capability, tmp_path):
+def test_every_scalar_is_the_recorded_one_on_every_cpu(tmp_path):
     with open(FIXTURE) as file:
         fixture = json.load(file)
-    for name, logged in log_every_run(capability, tmp_path).items():
-        wrong = tags_beyond_tolerance(logged, fixture["scalars"][name], fixture["spread"][name])
-        assert not wrong, f"{name}, ATEN_CPU_CAPABILITY={capability}: {', '.join(wrong)} differ from the recorded run"
+    for capability, runs in log_every_run(cpu_capabilities(), tmp_path).items():
+        for name, logged in runs.items():
+            wrong = tags_beyond_tolerance(logged, fixture["scalars"][name], fixture["spread"][name])
+            assert not wrong, f"{name}, ATEN_CPU_CAPABILITY={capability}: {', '.join(wrong)} differ from the recorded run"
 
 
 def test_another_cpus_logs_of_every_run_are_within_the_tolerance():
@@ -271,24 +277,24 @@ def start_script(tmp_path, *flags):
 
 
 def test_ctrl_c_stops_at_an_iteration_end_with_a_checkpoint_and_says_how_to_resume(tmp_path, monkeypatch):
-    process = start_script(tmp_path, "--total-timesteps", "12800")  # 200 iterations of 64 steps, a few seconds
+    process = start_script(tmp_path, "--total-timesteps", "3200")  # 50 iterations of 64 steps, a few seconds
     process.send_signal(signal.SIGINT)  # at once: Ctrl-C is handled from the start-up block on, not a traceback
     out, _ = process.communicate(timeout=60)
     assert process.returncode == 130, out  # 128 + SIGINT, the shell's convention
     assert "Traceback" not in out
     assert "SIGINT: stopping at the next iteration end that can be checkpointed" in out
     stopped, resume = out.splitlines()[-2:]
-    match = re.fullmatch(r"stopped by SIGINT after iteration (\d+) of 200 \(step ([\d,]+)\); checkpoint (\S+)", stopped)
+    match = re.fullmatch(r"stopped by SIGINT after iteration (\d+) of 50 \(step ([\d,]+)\); checkpoint (\S+)", stopped)
     assert match, stopped
     iteration, path = int(match.group(1)), match.group(3)
     assert resume == f"resume: python ppo_ewma.py --resume {path} --no-cuda"
     checkpoint = read_back(tmp_path / path)
-    assert checkpoint["iteration"] == iteration < 200 and checkpoint["global_step"] == 64 * iteration
+    assert checkpoint["iteration"] == iteration < 50 and checkpoint["global_step"] == 64 * iteration
     monkeypatch.chdir(tmp_path)  # the printed command continues the run to its end
     import ppo_ewma
 
     result = ppo_ewma.train(tyro.cli(ppo_ewma.Args, args=resume.split()[3:]))
-    assert result["global_step"] == 12800 and os.path.exists(tmp_path / os.path.dirname(path) / "model.safetensors")
+    assert result["global_step"] == 3200 and os.path.exists(tmp_path / os.path.dirname(path) / "model.safetensors")
 
 
 def test_a_second_ctrl_c_stops_at_once_without_a_checkpoint(tmp_path):
@@ -661,7 +667,7 @@ if __name__ == "__main__":  # --log PATH: every run's scalars into PATH; --recor
     elif sys.argv[1] == "--record":  # [NAME ...]: only these runs, every other one kept as it was recorded
         names = sys.argv[2:] or list(RUNS)
         with tempfile.TemporaryDirectory() as tmp:
-            levels = {capability: log_every_run(capability, tmp) for capability in cpu_capabilities()}
+            levels = log_every_run(cpu_capabilities(), tmp)
         scalars = levels[cpu_capabilities()[-1]]  # the native level's
         def spread(name, tag):  # the largest difference between two levels at one step
             values = np.array([np.array(level[name][tag])[:, 1] for level in levels.values()])
