@@ -647,7 +647,7 @@ def test_track_logs_to_an_offline_wandb_run_that_resume_with_track_continues(tmp
     monkeypatch.setattr(harness.Run, "after_step", real_after_step)
     (run_dir,) = glob.glob("runs/*__tracked__*")
     run_id = read_back(f"{run_dir}/checkpoint.safetensors")["wandb_run_id"]
-    time.sleep(1.0)  # W&B names an offline run's folder by the second it starts in
+    time.sleep(1 - time.time() % 1)  # to the next second: W&B names an offline run's folder by the second it starts in
     ppo_ewma.train(ppo_ewma.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False, track=True))  # asked for again
     first, resumed = sorted(glob.glob(f"wandb/offline-run-*-{run_id}"))  # the same W&B run, continued
     for offline_run, needles in ((first, [b"losses/policy_loss", b"global_step", b"CartPole-v1"]),  # flags: config

@@ -490,7 +490,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch)
     monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
 
-    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    time.sleep(1 - time.time() % 1)  # to the next second: event files are read in name order, which starts with it
     resumed = ppg_ewma.train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["global_step"] == full["global_step"] == 768
     assert resumed["mean_return"] == full["mean_return"]

@@ -166,7 +166,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch,
         ppo_ewma_rnn.train(Args(exp_name="killed", checkpoint_every=1, **config))
     monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob("runs/*__killed__*")
-    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    time.sleep(1 - time.time() % 1)  # to the next second: event files are read in name order, which starts with it
     resumed = ppo_ewma_rnn.train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["global_step"] == full["global_step"] and resumed["mean_return"] == full["mean_return"]
     expected, got = scalars_with_steps(full["run_dir"]), scalars_with_steps(run_dir)

@@ -259,7 +259,7 @@ def killed_then_resumed(monkeypatch, args, die_at):
         train(dataclasses.replace(args, checkpoint_every=1))
     monkeypatch.setattr(harness, "save_checkpoint", real_save)
     (run_dir,) = glob.glob(f"runs/*__{args.exp_name}_*")
-    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    time.sleep(1 - time.time() % 1)  # to the next second: event files are read in name order, which starts with it
     return train(Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False)), run_dir
 
 

@@ -480,7 +480,7 @@ def resumed_run(rank, name, config, out_dir, port):
     if dist.is_initialized():
         dist.destroy_process_group()
     (run_dir,) = glob.glob("runs/*__killed__*")
-    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    time.sleep(1 - time.time() % 1)  # to the next second: event files are read in name order, which starts with it
     os.environ["MASTER_PORT"] = str(port)
     module.train(module.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
 

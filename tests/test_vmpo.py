@@ -696,8 +696,8 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(monkeypatch, tmp_path,
         assert checkpoint["memory"]["core_state"].abs().min() > 0
 
     # TensorBoard reads a run's event files in name order, and the name starts with the time in whole
-    # seconds: a real restart comes seconds later, so make sure this one does too
-    time.sleep(1.0)
+    # seconds: a real restart comes seconds later, so this one starts in the next second at least
+    time.sleep(1 - time.time() % 1)
     resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["run_dir"] == run_dir and resumed["global_step"] == full["global_step"]
     assert resumed["mean_return"] == full["mean_return"]  # the last 100 episodes' returns are in the checkpoint
@@ -733,7 +733,7 @@ def test_resume_procgen_restarts_its_envs_fresh_and_says_so(monkeypatch, tmp_pat
     assert checkpoint["iteration"] == 1 and checkpoint["env"]["state"] == {  # Procgen's C++ envs are not data
         "restarts": "ProcgenVecEnv's envs cannot be saved as data"}
     assert "reward" in checkpoint["normalizers"]
-    time.sleep(1.0)  # event files are read in name order, which starts with the time in seconds
+    time.sleep(1 - time.time() % 1)  # to the next second: event files are read in name order, which starts with it
     capsys.readouterr()
     resumed = vmpo.train(vmpo.Args(resume=f"{run_dir}/checkpoint.safetensors", cuda=False))
     assert resumed["global_step"] == 32
