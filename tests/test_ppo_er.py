@@ -17,7 +17,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import checkpoints
 import harness
 from saved_files import read_back
-import harness
 import ppo_er
 from ppo_er import (Args, ReplayMemory, compute_gae, gaussian_log_prob, linear_schedule, make_env, ppo_er_loss,
                     train)

@@ -19,7 +19,6 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 import checkpoints
 import harness
 from saved_files import read_back
-import harness
 import vmpo
 
 
