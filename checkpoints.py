@@ -12,7 +12,7 @@ encoded(); FORMAT below). What holds for one from someone else:
   allocates beyond the run. Only then is anything applied (load_weights, load_normalizers; resume.py's restore_run).
 - Any error while a file is read or applied is one sentence naming the file and the key (refused()); a name read
   from the disk is printed escaped (shown()).
-It imports no module of the project: harness.py hands it the walk of an env stack (ENV_WALK).
+It imports no module of the project: harness.py hands itself (the module) to what walks an env stack.
 """
 import dataclasses
 import json
@@ -22,6 +22,7 @@ import re
 import reprlib
 import shlex
 import stat
+import sys
 import typing
 from collections import deque
 from contextlib import contextmanager
@@ -80,6 +81,20 @@ class Stored:
     def __repr__(self):
         return f"a {self.dtype or self.kind} tensor of shape {list(self.shape)}"
 
+
+def given_flags(args, script) -> set:
+    """The flags this command line gives: those on sys.argv where this process runs the script itself (python
+    ppo_ewma.py ..., torchrun; at their defaults too), else (train(Args(...)) from Python) those off their defaults."""
+    names = {field.name for field in dataclasses.fields(args)}
+    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
+        defaults = script.args_type()
+        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
+    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
+    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
+
+
+def flag_names(names) -> str:  # "--a, --b-c" of the fields a, b_c
+    return ", ".join("--" + name.replace("_", "-") for name in names)
 
 # ------------------------------------------------------------------------------------------ a run's file
 def read_run(args, flag: str, script, given: set) -> tuple:
@@ -416,10 +431,10 @@ def load_weights(module, models, name: str, source: str = "The checkpoint") -> N
 
 
 # ------------------------------------------------------------------------------------------- the env stack's state
-def checked_normalizers(envs, states, source: str, walk) -> dict:
+def checked_normalizers(envs, states, source: str, harness) -> dict:
     """The env stack's saved statistics, each restored() against the rebuilt one's (a mean: float32, 64 once used)."""
     found = {}
-    for name, (_, rms) in walk.normalizers(envs).items():
+    for name, (_, rms) in harness.env_normalizers(envs).items():
         if name in states:
             saved = states[name].get("mean") if isinstance(states[name], dict) else None
             dtype = saved.dtype if getattr(saved, "dtype", None) in (torch.float32, torch.float64) else None
@@ -429,7 +444,7 @@ def checked_normalizers(envs, states, source: str, walk) -> dict:
     return found
 
 
-def load_normalizers(envs, states, walk, source: str = "The checkpoint") -> None:
+def load_normalizers(envs, states, harness, source: str = "The checkpoint") -> None:
     """A file's statistics into an evaluation's env stack, checked, then frozen."""
-    states = states if isinstance(states, dict) else {}
-    walk.apply_normalizers(walk.normalizers(envs), checked_normalizers(envs, states, source, walk), freeze=True)
+    fitting = checked_normalizers(envs, states if isinstance(states, dict) else {}, source, harness)
+    harness.apply_normalizers(harness.env_normalizers(envs), fitting, freeze=True)

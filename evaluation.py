@@ -1,11 +1,13 @@
 """Evaluation and video, loaded only when a flag asks: --eval-checkpoint (play a saved policy), --eval-every (play the
 acting policy during training) and --capture-video. harness.py checks the flags and builds the envs, checkpoints.py
 reads the file; this module acts, plays, films and logs. It imports none of the project's modules but tracking.py,
-with --track; harness.py hands it the run and the walk of an env stack (harness.ENV_WALK).
+with --track; harness.py hands it the run and itself (the module), never imported.
 """
 import dataclasses
 import importlib.util
 import os
+import random
+import re
 import signal
 import threading
 
@@ -15,6 +17,8 @@ import torch
 from torch.utils.tensorboard import SummaryWriter
 
 VIDEO_EPISODES = (0, 1, 8, 27)  # --capture-video in training: env 0's episodes k^3 up to 729, then every 1000th
+EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video", "track",
+              "wandb_project_name", "wandb_entity")  # what --eval-checkpoint takes: the rest are the file's
 EVAL_SEED_OFFSET = 1_000_000  # --eval-every's envs are seeded args.seed + this, apart from every training env
 
 
@@ -51,6 +55,16 @@ def film(envs, run_dir: str, episodes=None):
                                            episode_trigger=lambda k: k < episodes)
 
 
+def described(args, run_dir: str) -> dict:
+    """The start-up block's lines on --eval-every and --capture-video in training."""
+    lines = {}
+    if args.eval_every:
+        lines["evaluates"] = f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, {acting(args)}"
+    if args.capture_video:
+        lines["films"] = f"env 0's episodes {', '.join(map(str, VIDEO_EPISODES))}, ... into {run_dir}/videos"
+    return lines
+
+
 def acting(args) -> str:
     """How evaluation acts, in words."""
     return "actions the policy's mode (--eval-deterministic)" if args.eval_deterministic else \
@@ -77,23 +91,27 @@ def actor(sample, envs, device, source: str = ""):
     return act
 
 
-def play_during_training(run, global_step: int, walk) -> None:
+def play_during_training(run, global_step: int, harness) -> None:
     """--eval-every: one episode on each of --eval-episodes envs of their own (seeded alike at every mark), with the
     training envs' observation statistics frozen and the run's weights, the random state put back after; their mean
     and std raw return logged at global_step, unless a signal stopped it."""
-    args, rng = run.args, walk.rng_state()
+    args, rng = run.args, (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+                           torch.cuda.get_rng_state_all())
     num_episodes, seed = args.eval_episodes, args.seed + EVAL_SEED_OFFSET
     if run.eval_envs is None:
         run.eval_envs = run.script.make_env(dataclasses.replace(args, num_envs=num_episodes, seed=seed))
-    states = walk.normalizer_states(run.envs)
+    states = harness.normalizer_states(run.envs)
     num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-    walk.apply_normalizers(walk.normalizers(run.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
+    harness.apply_normalizers(harness.env_normalizers(run.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
                                                              for i in range(num_episodes)} if num_obs else {}, True)
     weights = {name: model.state_dict() for name, model in run.saved.models.items()}
     load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
     act = actor(run.script.acting_policy(args, run.eval_envs, load, run.device), run.eval_envs, run.device)
     returns = play(run.eval_envs, act, num_episodes, seed, stopping=lambda: run.stop_signal is not None)
-    walk.set_rng_state(rng)
+    random.setstate(rng[0])  # the random state as before: training goes on as without this evaluation
+    np.random.set_state(rng[1])
+    torch.set_rng_state(rng[2])
+    torch.cuda.set_rng_state_all(rng[3])
     if returns is not None:  # None: a signal stopped it
         run.writer.add_scalar("eval/mean_return", np.mean(returns), global_step)
         run.writer.add_scalar("eval/std_return", np.std(returns), global_step)
@@ -116,10 +134,50 @@ def play(envs, act, num_episodes: int, seed: int, stopping=lambda: False):
     return [episode_return for env_returns in returns for episode_return in env_returns[:per_env]]
 
 
-def evaluate(args, envs, act, run_dir: str, env_id: str, global_step: int) -> dict:
-    """--eval-checkpoint, once harness.py has read the file and built `envs` (one env, its statistics frozen) and its
-    policy `act`: play args.eval_episodes episodes (filmed with --capture-video), a signal stopping it after the step;
-    print and log the raw return (eval/mean_return, eval/std_return at the file's global_step; --track: to W&B too)."""
+def evaluate(args, script, harness) -> dict:
+    """--eval-checkpoint: play the policy of a model file or checkpoint (checkpoints.py reads it) on one env, its
+    normalization frozen: args.eval_episodes episodes (filmed with --capture-video), a signal stopping it after the
+    step; print and log the raw return (eval/mean_return, eval/std_return at the file's global_step; --track: to W&B
+    too). harness: harness.py, whose checks it runs; a signal stops it at once while it starts."""
+    harness.catch_signals()
+    try:
+        checkpoints = harness.service("checkpoints", "--eval-checkpoint")
+        ranges, given, source = {**harness.COMMON_FLAG_RANGES, **script.flag_ranges}, \
+            checkpoints.given_flags(args, script), f"--eval-checkpoint {args.eval_checkpoint}"
+        harness.check_ranges(args, ranges)
+        refused = sorted(given - {"env_id", *EVAL_FLAGS}) or (["resume"] if args.resume is not None else [])
+        if refused:
+            raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
+                             f"{checkpoints.flag_names(refused)} (it takes {checkpoints.flag_names(EVAL_FLAGS[1:])}, "
+                             f"and --env-id as the checkpoint's own).")
+        if args.track:
+            harness.service("tracking", "--track").check()
+        if args.capture_video:  # before the file is read; its env, once it is
+            check_video(None)
+        checkpoint, run_args = checkpoints.read_run(args, "--eval-checkpoint", script, given)
+        harness.check_ranges(run_args, ranges, f"{source}: the checkpoint's flag ")
+        harness.check_spaces(run_args.env_id, script)  # as the run trained, acting as told here:
+        run_args = dataclasses.replace(script.defaults(run_args), eval_deterministic=args.eval_deterministic)
+        if args.capture_video:
+            check_video(run_args.env_id, script.procgen_games)
+        harness.check_writable("runs")
+        device, device_note = harness.choose_device(args.cuda)
+        envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
+                               render_mode="rgb_array" if args.capture_video else None)
+        checkpoints.load_normalizers(envs, checkpoint["normalizers"], harness, source)
+        act = actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
+            module, checkpoint["models"], name, source), device), envs, device, source)  # the weights checked first
+        checkpoint_dir = re.sub(r"[^\w.=-]", "-", os.path.basename(os.path.dirname(os.path.abspath(
+            args.eval_checkpoint))), flags=re.ASCII)  # printable, whatever the working directory's name
+        run_dir = harness.make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within
+                                       f"{checkpoint_dir[:2 * harness.NAME_LENGTH]}__eval")  # NAME_LENGTH
+        global_step = checkpoint["global_step"]
+        harness.print_startup(script, run_args.env_id, device_note, run_dir, {
+            "checkpoint": f"{args.eval_checkpoint} (step {global_step:,})",
+            "episodes": f"{args.eval_episodes}, seed {args.seed}, {acting(args)}, normalization frozen"})
+        harness.seed_everything(args.seed)
+    finally:
+        harness.give_back_signals()
     if args.capture_video:
         envs = film(envs, run_dir, args.eval_episodes)
     stop = []
@@ -139,7 +197,7 @@ def evaluate(args, envs, act, run_dir: str, env_id: str, global_step: int) -> di
     if args.track:  # before the writer, whose scalars it syncs
         import tracking
 
-        tracking.start(dataclasses.replace(args, env_id=env_id), run_dir)
+        tracking.start(dataclasses.replace(args, env_id=run_args.env_id), run_dir)
     writer = SummaryWriter(run_dir)
     writer.add_text("eval", f"checkpoint {args.eval_checkpoint}, {len(returns)} episodes, {acting(args)}, returns "
                             f"{returns}")

@@ -40,7 +40,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Callable, Optional
 
 import gymnasium as gym
@@ -48,10 +47,9 @@ import numpy as np
 import safetensors.torch
 import torch
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 
 CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.safetensors: at most this much work is lost to a crash
-PROGRESS_EVERY = 30  # seconds between plain progress lines when stdout is not a terminal
+PROGRESS_EVERY = 30  # seconds between progress lines when stdout is not a terminal (CI, a log file)
 COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
     "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
     "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)",
@@ -59,18 +57,11 @@ COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each mus
     "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
 OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every", "capture_video")  # --resume: the command line's
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data goes: the command line's, never a file's
-EVAL_FLAGS = ("eval_checkpoint", "eval_episodes", "eval_deterministic", "seed", "cuda", "capture_video",
-              *TRACKING_FLAGS)
 NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
 ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
 LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
 HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), which a Run puts back as it ends
 WORKERS = None  # workers.py under torchrun; None in one process, where each collective below does nothing
-BF16_ON_CPU = {  # said at the start of a CPU run with --bf16: what docs/speed.md#--bf16-on-the-cpu measured there
-    "amx_bf16": "AMX: a 2-core Intel Xeon with AMX ran the main job's iteration 1.60x as fast as float32",
-    "avx512_bf16": "avx512_bf16, no AMX: the main job's iteration ran 1.54x on an AMD EPYC, 0.84x on an Intel Xeon (in "
-                   "earlier sessions, their outputs not kept)",
-    None: "neither amx_bf16 nor avx512_bf16 listed: bfloat16 emulated made the CNN 12-13x slower than float32"}
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
                     "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
@@ -89,38 +80,30 @@ class RunArgs:
     cuda: bool = True
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     bf16: bool = False
-    """run the IMPALA CNN in bfloat16 under autocast, the weights, losses and Adam staying float32 (image observations
-    only): every pass on the CPU, the update's on a GPU (docs/speed.md); like --cuda, --resume may change it"""
+    """run the IMPALA CNN in bfloat16 under autocast, weights, losses and Adam in float32 (image observations only:
+    docs/speed.md); like --cuda, --resume may change it"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
     save_model: bool = True
     """write model.safetensors, the policy and what plays it, into the run directory at the end"""
     checkpoint_every: Optional[int] = None
-    """write checkpoint.safetensors into the run directory, atomically, every this many iterations and at the last one;
-    default: at the first iteration end 30 minutes (wall-clock) after the last checkpoint; 0: never"""
+    """write checkpoint.safetensors every this many iterations and at the last; default: every 30 minutes; 0: never"""
     resume: Optional[str] = None
-    """continue the run of this checkpoint, in its run directory, with its flags (only --cuda, --bf16, --save-model,
-    --checkpoint-every, --capture-video and --track's are taken from this command line); a finished run's checkpoint
-    continues nothing"""
+    """continue the run of this checkpoint, in its directory, with its flags (of this command line only --cuda, --bf16,
+    --save-model, --checkpoint-every, --capture-video and --track's)"""
     eval_checkpoint: Optional[str] = None
-    """do not train: play the policy of this model file or checkpoint, normalization frozen, and log its mean and std
-    raw return"""
+    """do not train: play the policy of this model file or checkpoint, normalization frozen; log its mean raw return"""
     eval_episodes: int = 10
     """episodes played by --eval-checkpoint, and at each --eval-every mark (one on each of as many envs)"""
     eval_every: int = 0
-    """every this many env steps (at the first iteration end past each multiple), play --eval-episodes episodes on
-    envs of their own with the acting policy, log eval/mean_return (it does not lag as episode ends do); 0: never"""
+    """every this many env steps, play --eval-episodes episodes on envs of their own, log eval/mean_return; 0: never"""
     eval_deterministic: bool = False
-    """--eval-checkpoint, --eval-every and the video act with the policy's mode (the argmax of the logits, per
-    sub-action; the Gaussian's mean, clipped to the bounds), as SB3's evaluate_policy(deterministic=True); default:
-    actions sampled, as in training"""
+    """evaluation and video act with the policy's mode (the argmax; the Gaussian's mean), not as in training"""
     capture_video: bool = False
-    """record videos into the run directory's videos/: in training env 0's episodes 0, 1, 8, 27, ..., 729, then every
-    1000th (Gymnasium's capped cubic schedule, as CleanRL's); with --eval-checkpoint every episode (needs moviepy, and
-    pygame for classic control or a headless OpenGL for MuJoCo)"""
+    """record videos into the run directory's videos/: env 0's episodes 0, 1, 8, 27, ..., 729, then every 1000th; with
+    --eval-checkpoint every episode (needs moviepy, and pygame or a headless OpenGL: docs/running.md)"""
     track: bool = False
-    """log the run to Weights & Biases (needs wandb): the TensorBoard scalars synced, the flags as the run's config;
-    --resume continues the same W&B run where --track is given again (a checkpoint never turns tracking on)"""
+    """log the run to Weights & Biases (needs wandb); --resume continues its W&B run where --track is given again"""
     wandb_project_name: str = "policy-optimization"
     """the W&B project of --track"""
     wandb_entity: Optional[str] = None
@@ -274,8 +257,7 @@ def run_flags(args, script: Script) -> tuple:
     try:
         checkpoint = None
         if args.resume is not None:  # the checkpoint's flags, with this command line's output and tracking flags
-            args, checkpoint = service("resume", "--resume").resumed(args, script, given_flags(args, script),
-                                                                     (*OUTPUT_FLAGS, *TRACKING_FLAGS))
+            args, checkpoint = service("resume", "--resume").resumed(args, script, (*OUTPUT_FLAGS, *TRACKING_FLAGS))
         check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
                      f"--resume {args.resume}: the checkpoint's flag ")
         name, directory = args.exp_name, script.run_name(args)
@@ -322,10 +304,9 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
         seed_everything(run_args.seed)
         torch.backends.cudnn.deterministic = run_args.torch_deterministic
         device, device_note = choose_device(args.cuda)
-        if args.bf16 and device.type == "cpu":
-            cpuinfo = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-            print(f"note: --bf16 on a CPU with {bf16_on_cpu(cpuinfo)}; benchmark/bf16.py times it here "
-                  f"(docs/speed.md)")
+        if args.bf16 and device.type == "cpu":  # docs/speed.md#--bf16-on-the-cpu
+            print("note: --bf16 on the CPU: an iteration 1.60x as fast with AMX, 0.84-1.54x with avx512_bf16 alone; "
+                  "emulated, the CNN 12-13x slower; benchmark/bf16.py times it here")
         return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
     except BaseException:
         give_back_signals()
@@ -415,15 +396,9 @@ class Run:
             lines["resuming"] = (f"after iteration {checkpoint['iteration']:,} (step {checkpoint['global_step']:,}) "
                                  f"from {flags.resume}")
         if WORKERS:
-            lines["workers"] = (f"{plural(self.world_size, 'torchrun worker')} ({WORKERS.backend()}), each with "
-                                f"{args.num_envs} envs and seed {args.seed} + {args.num_envs} x rank; the flags "
-                                f"printed and logged are rank 0's share")
-        if args.eval_every:
-            lines["evaluates"] = (f"every {args.eval_every:,} steps, {args.eval_episodes} episodes, "
-                                  f"{service('evaluation', '--eval-every').acting(args)}")
-        if args.capture_video:
-            episodes = ", ".join(map(str, service("evaluation", "--capture-video").VIDEO_EPISODES))
-            lines["films"] = f"env 0's episodes {episodes}, ... into {self.run_dir}/videos"
+            lines["workers"] = WORKERS.described(self.world_size, args)
+        if args.eval_every or args.capture_video:  # check_args imported evaluation.py
+            lines.update(sys.modules["evaluation"].described(args, self.run_dir))
         print_startup(script, args.env_id, self.device_note, self.run_dir, lines)
         suggest_recipe(self.hyperparameters, script)
         before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
@@ -440,18 +415,11 @@ class Run:
         first (resume.restore_run); then open the logs (TensorBoard, W&B with --track), which a refused resume
         never touches. Returns (global_step, first iteration, next_obs, next_done); keys: run.restored."""
         assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
-        self.saved, global_step, first_iteration, refusal = saved, 0, 1, None
+        self.saved, global_step, first_iteration = saved, 0, 1
         batch_size = self.world_size * self.args.num_envs * self.args.num_steps
-        if self.checkpoint is not None:
-            resume, part = sys.modules["resume"], sys.modules["checkpoints"].worker_view(self.checkpoint, self.rank)
-            try:  # each worker checks its own part (its envs, random state, statistics) as rank 0 checks its own
-                global_step, first_iteration, next_obs, next_done, returns, self.keys = resume.restore_run(
-                    part, saved, self.envs, next_obs, next_done, f"--resume {self.command_args.resume}", batch_size,
-                    self.num_iterations, ENV_WALK)
-                self.episode_returns.extend(returns)
-            except SystemExit as error:
-                refusal = str(error.code)
-            self.stop_if_refused(refusal)
+        if self.checkpoint is not None:  # each worker checks its own part as rank 0 checks its own (resume.py)
+            global_step, first_iteration, next_obs, next_done = sys.modules["resume"].restore(
+                self, next_obs, next_done, batch_size, sys.modules[__name__])
         if self.rank == 0:  # torchrun: rank 0 alone logs
             if self.args.track:  # before the writer, whose scalars it syncs (tracking.py)
                 self.wandb_run_id = service("tracking", "--track").start(self.command_args, self.run_dir, (
@@ -525,7 +493,7 @@ class Run:
         every = self.command_args.eval_every
         if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
             self.progress.set_status("evaluating")
-            service("evaluation", "--eval-every").play_during_training(self, global_step, ENV_WALK)
+            service("evaluation", "--eval-every").play_during_training(self, global_step, sys.modules[__name__])
         self.progress.iteration_done(global_step)
         if WORKERS:  # any worker's signal, so that all stop at the same iteration
             self.stop_signal = WORKERS.largest(self.stop_signal or 0, self.device) or None
@@ -627,6 +595,11 @@ def resume_command(script: Script, args, path: str, world_size: int = 1) -> str:
         " ".join(flags)
 
 
+def evaluate(args, script: Script) -> dict:
+    """--eval-checkpoint: evaluation.py plays the policy of a model file or checkpoint, with this module's checks."""
+    return service("evaluation", "--eval-checkpoint").evaluate(args, script, sys.modules[__name__])
+
+
 def service(module: str, flag: str):
     """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file, or that
     of one it imports (resume.py: checkpoints.py), is not beside the scripts, one sentence says to copy it."""
@@ -641,8 +614,7 @@ def service(module: str, flag: str):
 
 def lock_run_dir(run_dir: str, dir_fd: int) -> int:
     """One writer per run directory (dir_fd, opened): run.lock, never opened through a link, locked (flock) while the
-    run lives and holding its pid; a second run is refused. A dead run's lock is let go (by the kernel; by this
-    process, its own)."""
+    run lives; a second run is refused. A dead run's lock is let go (by the kernel; by this process, its own)."""
     path = os.path.join(run_dir, "run.lock")
     if os.path.realpath(path) in LOCKS_HELD:
         os.close(LOCKS_HELD.pop(os.path.realpath(path)))
@@ -650,37 +622,14 @@ def lock_run_dir(run_dir: str, dir_fd: int) -> int:
         fd = os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd)
     except OSError as error:
         raise SystemExit(f"{shown(path)} cannot be made ({error.strerror}).") from None
-    if os.fstat(fd).st_nlink > 1:  # a hard link: the pid would overwrite another name's file
-        os.close(fd)
-        raise SystemExit(f"{shown(path)} is a hard link to another file: remove it, and check what else the directory "
-                         f"holds.")
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        holder = os.read(fd, 32).decode(errors="replace").strip()
         os.close(fd)
-        raise SystemExit(f"{shown(run_dir)} is in use by another run (process {holder if holder.isdigit() else '?'}): "
-                         f"one run writes a run directory at a time.") from None
-    os.ftruncate(fd, 0)
-    os.write(fd, f"{os.getpid()}\n".encode())
+        raise SystemExit(f"{shown(run_dir)} is in use by another run: one run writes a run directory at a "
+                         f"time.") from None
     LOCKS_HELD[os.path.realpath(path)] = fd
     return fd
-
-
-def given_flags(args, script: Script) -> set:
-    """The flags this command line gives: those on sys.argv where this process runs the script itself (python
-    ppo_ewma.py ..., torchrun; at their defaults too), else (train(Args(...)) from Python) those off their defaults."""
-    names = {field.name for field in dataclasses.fields(args)}
-    if os.path.abspath(sys.argv[0]) != os.path.abspath(script.file):
-        defaults = script.args_type()
-        return {name for name in names if getattr(args, name) != getattr(defaults, name)}
-    words = [word[2:].split("=")[0].replace("-", "_") for word in sys.argv[1:] if word.startswith("--")]
-    return {word[3:] if word.startswith("no_") and word[3:] in names else word for word in words} & names
-
-
-def flag_names(names) -> str:
-    """ "--a, --b-c" of the fields a, b_c."""
-    return ", ".join("--" + name.replace("_", "-") for name in names)
 
 
 # ------------------------------------------------------------------------------ checkpoints: what a run writes
@@ -817,16 +766,6 @@ def rng_state() -> dict:
             **({"cuda": torch.cuda.get_rng_state_all()} if torch.cuda.is_available() else {})}
 
 
-def set_rng_state(rng: dict) -> None:
-    """Put back a random state of rng_state()'s (checkpoints.py: once checked_rng passed it)."""
-    random.setstate(rng["python"])
-    numpy_state = rng["numpy"]
-    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
-    torch.set_rng_state(rng["torch"].clone())
-    if "cuda" in rng:
-        torch.cuda.set_rng_state_all([state.clone() for state in rng["cuda"]])
-
-
 def env_normalizers(envs) -> dict:
     """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
     NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i, or a vector wrapper's obs_rms[i])."""
@@ -926,11 +865,6 @@ def env_state(envs) -> dict:
         return {"restarts": f"an env layer holds {error}, which cannot be saved as data"}
 
 
-ENV_WALK = SimpleNamespace(layers=env_layers, normalizers=env_normalizers, rng_state=rng_state,  # the services'
-                           set_rng_state=set_rng_state, apply_normalizers=apply_normalizers,
-                           normalizer_states=normalizer_states)
-
-
 # ------------------------------------------------------------------------------------------ checks
 def check_args(args, script: Script) -> None:
     """Stop in one sentence naming the flag before any work and any run directory (args: the run's hyperparameters)."""
@@ -993,14 +927,13 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
         if importlib.util.find_spec("procgen") is None:
             raise SystemExit(f"--env-id {env_id} needs the procgen package: pip install -r requirements.txt.")
         return gym.spaces.Box(0, 255, (64, 64, 3), np.uint8), gym.spaces.Discrete(15)
-    import_env_module(env_id)
     try:
         env = gym.make(env_id)
     except gym.error.UnregisteredEnv:
         close = difflib.get_close_matches(env_id, [*procgen_games, *gym.registry], n=1)
         raise SystemExit(f"--env-id {env_id!r} is neither a Procgen game nor a registered Gymnasium env"
                          + (f"; did you mean {close[0]}?" if close else ".")) from None
-    except Exception as error:  # gym.error.Error, or the ImportError of an env moved out of Gymnasium
+    except Exception as error:  # gym.error.Error, a `module:EnvId`'s import, or an env moved out of Gymnasium
         raise SystemExit(f"--env-id {reprlib.repr(env_id)} cannot be made: {type(error).__name__}: "
                          f"{str(error).splitlines()[0] if str(error) else ''}") from None
     env.close()
@@ -1013,44 +946,20 @@ def env_bytes(env_id: str, procgen_games=()) -> int:
     (MuJoCo's about 1.1 MiB, CartPole's 6 KiB measured here); a Procgen game's PROCGEN_ENV_BYTES."""
     if env_id in procgen_games:
         return PROCGEN_ENV_BYTES
-    first, before = gym.make(env_id), resident_bytes()
+
+    def resident() -> int:  # this process's resident memory (Linux's /proc/self/statm counts pages); 0 elsewhere
+        if not os.path.exists("/proc/self/statm"):
+            return 0
+        with open("/proc/self/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    first, before = gym.make(env_id), resident()
     second = gym.make(env_id)
     second.reset(seed=0)
-    grown = resident_bytes() - before
+    grown = resident() - before
     first.close()
     second.close()
     return max(2 * grown, ENV_BYTES_FLOOR)
-
-
-def resident_bytes() -> int:
-    """This process's resident memory (Linux; 0 elsewhere)."""
-    try:
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return 0
-
-
-def import_env_module(env_id: str) -> None:
-    """A `module:EnvId` id: import the module, which registers EnvId (gym.make would import it too), each way it can
-    fail said in one sentence. The module is found as any import is: in the scripts' folder or on PYTHONPATH."""
-    if ":" not in env_id:
-        return
-    module = env_id.split(":")[0]
-    if env_id.count(":") > 1 or not all(part.isidentifier() for part in module.split(".")):
-        raise SystemExit(f"--env-id {env_id!r} is not `module:EnvId` with one module path of dotted names "
-                         f"(e.g. my_package.envs:MyEnv-v0).")
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as error:
-        if error.name is None or not (module + ".").startswith(error.name + "."):
-            raise SystemExit(f"--env-id {env_id}: its module {module} imports {error.name}, which is not "
-                             f"installed.") from None
-        raise SystemExit(f"--env-id {env_id}: its module {module} cannot be found; it must be in the scripts' "
-                         f"folder or on PYTHONPATH.") from None
-    except Exception as error:  # the user's own module failed as it ran: its own error, in its own words
-        raise SystemExit(f"--env-id {env_id}: importing its module {module} raised {type(error).__name__}: "
-                         f"{error}") from None
 
 
 def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples) -> None:
@@ -1093,36 +1002,13 @@ def check_writable(directory: str) -> None:
         raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
 
 
-def recipes(doc: str) -> list:
-    """The `python ...` commands of a docstring (its recipes), continuation lines joined, comments dropped."""
-    commands, lines = [], iter(doc.splitlines())
-    for line in lines:
-        if line.strip().startswith("python "):
-            command = line.split("#")[0].strip()
-            while command.endswith("\\"):
-                command = command[:-1].strip() + " " + next(lines).split("#")[0].strip()
-            commands.append(command)
-    return commands
-
-
 def suggest_recipe(args, script: Script) -> None:
-    """A non-Procgen env run with the Procgen-sized defaults: name the script's recipe for the env's own, else for the
-    first env with its kind of actions, sought in its own package first (a CartPole run builds no MuJoCo env)."""
+    """A non-Procgen env run with the Procgen-sized defaults: say so, and where the script's recipes are."""
     defaults = script.args_type()
-    if (args.env_id in script.procgen_games or defaults.env_id not in script.procgen_games
-            or (args.num_envs, args.num_steps) != (defaults.num_envs, defaults.num_steps)):
-        return
-    continuous, commands = isinstance(env_spaces(args.env_id)[1], gym.spaces.Box), {}  # env id -> its first recipe
-    for command in recipes(script.doc):
-        words = shlex.split(command)
-        commands.setdefault(words[words.index("--env-id") + 1] if "--env-id" in words else defaults.env_id, command)
-    package = lambda env_id: str(gym.spec(env_id.split(":")[-1]).entry_point).rsplit(".", 1)[0]  # noqa: E731
-    for env_id in sorted([env_id for env_id in commands if env_id not in script.procgen_games],
-                         key=lambda env_id: (env_id != args.env_id, package(env_id) != package(args.env_id))):
-        if env_id == args.env_id or isinstance(env_spaces(env_id)[1], gym.spaces.Box) == continuous:  # built lazily
-            print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x "
-                  f"{args.num_steps} steps, gamma {args.gamma}); a recipe for such envs is: {commands[env_id]}")
-            return
+    if args.env_id not in script.procgen_games and defaults.env_id in script.procgen_games and (
+            args.num_envs, args.num_steps) == (defaults.num_envs, defaults.num_steps):
+        print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x {args.num_steps} "
+              f"steps, gamma {args.gamma}); `python {script.name} --help` opens with recipes for such envs")
 
 
 # ---------------------------------------------------------------------------- device, CPU, run directory
@@ -1133,11 +1019,6 @@ def choose_device(cuda: bool) -> tuple:
     if cuda:
         return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
     return torch.device("cpu"), "cpu (--no-cuda)"
-
-
-def bf16_on_cpu(cpuinfo: str) -> str:
-    """What --bf16 measured on a CPU with /proc/cpuinfo's flags: with AMX, with avx512_bf16 alone, or with neither."""
-    return BF16_ON_CPU[next((flag for flag in BF16_ON_CPU if flag in cpuinfo.split()), None)]
 
 
 def tune_cpu(device, torch_threads: int, obs_shape) -> None:
@@ -1188,103 +1069,36 @@ class Writer:
 
 class Progress:
     """Env steps, the mean return of the last 100 episodes, what the run is doing, SPS and ETA (of whole iterations):
-    a tqdm bar on a terminal, else a line every PROGRESS_EVERY seconds (logs of CI or `> log.txt` are not flooded)."""
+    a line every PROGRESS_EVERY seconds (10 on a terminal), so that logs of CI or `> log.txt` are not flooded."""
 
     def __init__(self, total_steps: int, start_step: int):
         self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
         self.last_line, self.done, self.status = self.start_time, None, ""  # done: (step, time) of the last iteration
-        self.step, self.episode_returns, self.bar = start_step, [], None
-        if sys.stdout.isatty():
-            self.bar = tqdm(total=total_steps, initial=start_step, unit="step", unit_scale=True, file=sys.stdout,
-                            dynamic_ncols=True, bar_format="{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}{postfix}]")
-
-    def summary(self, bar: bool = False) -> str:
-        """The status line; `bar`: the bar's shorter one, where a status replaces SPS and ETA (both move only at an
-        iteration's end), so that bar and status fit 80 columns."""
-        text = "mean_return " + (f"{float(np.mean(self.episode_returns)):.2f}" if self.episode_returns else "-") + "  "
-        if bar and self.status:
-            return text + self.status
-        if self.done is None:
-            text += "in the first iteration"
-        else:
-            sps = (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
-            text += f"SPS {sps:,.0f}  ETA {duration((self.total - self.step) / max(sps, 1e-9))}"
-        return text + (f"  {self.status}" if self.status else "")
+        self.step, self.episode_returns, self.every = start_step, [], 10 if sys.stdout.isatty() else PROGRESS_EVERY
 
     def update(self, step: int, episode_returns, force: bool = False) -> None:
         self.step, self.episode_returns, now = step, episode_returns, time.monotonic()
-        if self.bar is not None:
-            self.bar.update(step - self.bar.n)
-        if force or now - self.last_line >= (PROGRESS_EVERY if self.bar is None else 1):
+        if force or now - self.last_line >= self.every:
             self.last_line = now
-            self.show()
+            text = "mean_return " + (f"{float(np.mean(episode_returns)):.2f}" if episode_returns else "-") + "  "
+            if self.done is None:
+                text += "in the first iteration"
+            else:
+                sps = (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
+                text += f"SPS {sps:,.0f}  ETA {duration((self.total - step) / max(sps, 1e-9))}"
+            print(f"step {step:,}/{self.total:,} ({100 * step / self.total:.0f}%)  {text}"
+                  f"{'  ' + self.status if self.status else ''}  elapsed {duration(now - self.start_time)}", flush=True)
 
-    def set_status(self, status: str) -> None:
-        if status != self.status:
-            self.status = status
-            self.update(self.step, self.episode_returns, force=self.bar is not None)
+    def set_status(self, status: str) -> None:  # what the update is doing, e.g. "updating: epoch 2/3"
+        self.status = status
+        self.update(self.step, self.episode_returns)
 
     def iteration_done(self, step: int) -> None:
         self.done, self.status = (step, time.monotonic()), ""
 
-    def show(self) -> None:
-        """The bar's status on a terminal, else a line."""
-        if self.bar is not None:
-            self.bar.set_postfix_str(self.summary(bar=True))
-        else:
-            print(f"step {self.step:,}/{self.total:,} ({100 * self.step / self.total:.0f}%)  {self.summary()}  "
-                  f"elapsed {duration(time.monotonic() - self.start_time)}", flush=True)
-
     def close(self, step: int, episode_returns) -> None:
-        self.step, self.episode_returns, self.status = step, episode_returns, ""
-        self.show()
-        if self.bar is not None:
-            self.bar.close()
-
-
-# ----------------------------------------------------------------------------- --eval-checkpoint (evaluation.py)
-def evaluate(args, script: Script) -> dict:
-    """--eval-checkpoint: play the policy of a model file or checkpoint on one env, its normalization frozen
-    (checkpoints.py reads the file, evaluation.py plays and logs). A signal stops it at once while it starts."""
-    catch_signals()
-    try:
-        ranges, given, source = {**COMMON_FLAG_RANGES, **script.flag_ranges}, given_flags(args, script), \
-            f"--eval-checkpoint {args.eval_checkpoint}"
-        check_ranges(args, ranges)
-        refused = sorted(given - {"env_id", *EVAL_FLAGS}) or (["resume"] if args.resume is not None else [])
-        if refused:
-            raise SystemExit(f"--eval-checkpoint plays the checkpoint's policy on its own env and flags; drop "
-                             f"{flag_names(refused)} (it takes {flag_names(EVAL_FLAGS[1:])}, and --env-id as the "
-                             f"checkpoint's own).")
-        evaluation, checkpoints = (service(name, "--eval-checkpoint") for name in ("evaluation", "checkpoints"))
-        if args.track:
-            service("tracking", "--track").check()
-        if args.capture_video:  # before the file is read; its env, once it is
-            evaluation.check_video(None)
-        checkpoint, run_args = checkpoints.read_run(args, "--eval-checkpoint", script, given)
-        check_ranges(run_args, ranges, f"{source}: the checkpoint's flag ")
-        check_spaces(run_args.env_id, script)  # as the run trained, acting as told here:
-        run_args = dataclasses.replace(script.defaults(run_args), eval_deterministic=args.eval_deterministic)
-        if args.capture_video:
-            evaluation.check_video(run_args.env_id, script.procgen_games)
-        check_writable("runs")
-        device, device_note = choose_device(args.cuda)
-        envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
-                               render_mode="rgb_array" if args.capture_video else None)
-        checkpoints.load_normalizers(envs, checkpoint["normalizers"], ENV_WALK, source)
-        act = evaluation.actor(script.acting_policy(run_args, envs, lambda module, name: checkpoints.load_weights(
-            module, checkpoint["models"], name, source), device), envs, device, source)  # the weights checked first
-        checkpoint_dir = re.sub(r"[^\w.=-]", "-", os.path.basename(os.path.dirname(os.path.abspath(
-            args.eval_checkpoint))), flags=re.ASCII)  # printable, whatever the working directory's name
-        run_dir = make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within NAME_LENGTH
-                               f"{checkpoint_dir[:2 * NAME_LENGTH]}__eval")
-        print_startup(script, run_args.env_id, device_note, run_dir, {
-            "checkpoint": f"{args.eval_checkpoint} (step {checkpoint['global_step']:,})",
-            "episodes": f"{args.eval_episodes}, seed {args.seed}, {evaluation.acting(args)}, normalization frozen"})
-        seed_everything(args.seed)
-        return evaluation.evaluate(args, envs, act, run_dir, run_args.env_id, checkpoint["global_step"])
-    finally:
-        give_back_signals()
+        self.status = ""
+        self.update(step, episode_returns, force=True)
 
 
 # ------------------------------------------------------ collectives: workers.py's under torchrun, here one process's

@@ -2,7 +2,7 @@
 value against the rebuilt run's (restored()); this module decides what a resumed run takes from it (its flags, its
 directory) and puts every part back: networks, optimizers, statistics, the env stack's state, the random state,
 counters, the script's keys, each checked first and none applied until all fit. It imports checkpoints.py and none
-other of the project's modules; harness.py hands it the run's parts (Saved) and the walk of its env stack (ENV_WALK).
+other of the project's modules; harness.py hands it the run's parts (Saved) and itself (the module), never imported.
 """
 import dataclasses
 import math
@@ -19,22 +19,23 @@ from typing import Optional
 import numpy as np
 import torch
 
-from checkpoints import KEYS, OPTIONAL_KEYS, SETTINGS, checked, copied, read_run, refused, restored, \
-    restored_item, said, shown, checked_normalizers
+from checkpoints import KEYS, OPTIONAL_KEYS, SETTINGS, checked, checked_normalizers, copied, flag_names, given_flags, \
+    read_run, refused, restored, restored_item, said, shown, worker_view
 
 WALK_DEPTH = 8  # folders within a run directory: a run makes one (videos/)
 
 
-def resumed(args, script, given: set, taken: tuple) -> tuple:
+def resumed(args, script, taken: tuple) -> tuple:
     """--resume PATH: (the checkpoint's Args with this command line's `taken` flags (output, tracking), the checkpoint,
-    read). given: the flags of this command line, of which only `taken`, --resume and --env-id may be. The run writes
+    read). Of the flags this command line gives, only `taken`, --resume and --env-id may be. The run writes
     into the checkpoint's directory: one that holds a newer checkpoint, a finished run's model or a link is refused,
     and a finished run's checkpoint continues nothing."""
+    given = given_flags(args, script)
     refused_flags = sorted(given - {"resume", "env_id", *taken})
     if refused_flags:
-        names = lambda flags: ", ".join("--" + name.replace("_", "-") for name in flags)  # noqa: E731
-        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop {names(refused_flags)} "
-                         f"(it takes {names(taken)}, and --env-id as the checkpoint's own).")
+        raise SystemExit(f"--resume continues the run with the checkpoint's own flags; drop "
+                         f"{flag_names(refused_flags)} (it takes {flag_names(taken)}, and --env-id as the checkpoint's "
+                         f"own).")
     checkpoint, run_args = read_run(args, "--resume", script, given)
     path, source = args.resume, f"--resume {args.resume}"
     written_by, world_size = 1 + len(checkpoint.get("workers", [])), int(os.environ.get("WORLD_SIZE", 1))
@@ -101,12 +102,28 @@ def check_run_dir(run_dir: str, source: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ restoring a run
+def restore(run, next_obs, next_done, batch_size: int, harness) -> tuple:
+    """harness.Run.restore with --resume: this worker's part of the checkpoint (its envs, random state, statistics)
+    put back into run.saved and the envs (restore_run); any worker's refusal stops all (run.stop_if_refused).
+    Returns (global_step, first iteration, next_obs, next_done)."""
+    refusal, part = None, worker_view(run.checkpoint, run.rank)
+    try:
+        global_step, first_iteration, next_obs, next_done, returns, run.keys = restore_run(
+            part, run.saved, run.envs, next_obs, next_done, f"--resume {run.command_args.resume}", batch_size,
+            run.num_iterations, harness)
+        run.episode_returns.extend(returns)
+    except SystemExit as error:
+        refusal = str(error.code)
+    run.stop_if_refused(refusal)
+    return global_step, first_iteration, next_obs, next_done
+
+
 def restore_run(checkpoint, saved, envs, next_obs, next_done, source: str, batch_size: int, num_iterations: int,
-                walk) -> tuple:
+                harness) -> tuple:
     """The second pass: every part (networks, optimizers, normalizers, envs, random state, counters, the script's
     keys) checked against the rebuilt run, then applied: (global_step, first iteration, next_obs, next_done, returns,
     keys). Gymnasium envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their
-    statistics. saved: harness.Saved; walk: harness.py's walk of an env stack (layers, normalizers, rng_state)."""
+    statistics. saved: harness.Saved; harness: harness.py (its env walk, random state)."""
     extra = sorted(set(checkpoint) - set(KEYS) - set(OPTIONAL_KEYS) - set(saved.keys) - {"kind"})
     if extra:  # a key of the script's that this run does not keep (e.g. --lstm's memory in a feed-forward run)
         raise SystemExit(f"{source}: it holds {extra[0]}, which a run with these flags does not: it is not this run's.")
@@ -119,14 +136,14 @@ def restore_run(checkpoint, saved, envs, next_obs, next_done, source: str, batch
                    for name, normalizer in saved.normalizers.items() if name in checkpoint["normalizers"]}
     for name, values in normalizers.items():
         derived_fit(saved.normalizers[name], values, f"{name} statistics", source)
-    env_normalizer_states = checked_normalizers(envs, checkpoint["normalizers"], source, walk)
-    rng = checked_rng(checkpoint["rng"], source, walk.rng_state())
+    env_normalizer_states = checked_normalizers(envs, checkpoint["normalizers"], source, harness)
+    rng = checked_rng(checkpoint["rng"], source, harness.rng_state())
     returns = checked(checkpoint["episode_returns"], deque([0.0], maxlen=100), "episode_returns", source)
     keys = {key: checked(checkpoint.get(key), like, key, source) for key, like in saved.keys.items()}
     saved_env = checkpoint["env"]
     with refused("env stack", source):  # e.g. ppo_ewma.py's until bded84a: NormalizeObservation in each env
-        env_updates, restarts = env_state_updates(walk.layers(envs), saved_env.get("state"))
-        restarts = restarts or probe_env_state(envs, saved_env.get("state"), walk)
+        env_updates, restarts = env_state_updates(harness.env_layers(envs), saved_env.get("state"))
+        restarts = restarts or probe_env_state(envs, saved_env.get("state"), harness)
     if restarts is None:
         next_obs = checked(saved_env.get("next_obs"), next_obs, "next_obs", source)
         next_done = checked(saved_env.get("next_done"), next_done, "next_done", source)
@@ -143,10 +160,20 @@ def restore_run(checkpoint, saved, envs, next_obs, next_done, source: str, batch
     else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
         print(f"note: --resume: the envs restart with new episodes ({restarts}).")
         next_done = torch.ones_like(next_done)
-    walk.apply_normalizers(walk.normalizers(envs), env_normalizer_states)
+    harness.apply_normalizers(harness.env_normalizers(envs), env_normalizer_states)
     with refused("rng", source):
-        walk.set_rng_state(rng)
+        set_rng_state(rng)
     return global_step, iteration + 1, next_obs, next_done, returns, copied(keys)
+
+
+def set_rng_state(rng: dict) -> None:
+    """Put back a random state of harness.rng_state()'s, once checked_rng passed it."""
+    random.setstate(rng["python"])
+    numpy_state = rng["numpy"]
+    np.random.set_state((numpy_state[0], np.array(numpy_state[1], dtype=np.uint32), *numpy_state[2:]))
+    torch.set_rng_state(rng["torch"].clone())
+    if "cuda" in rng:
+        torch.cuda.set_rng_state_all([state.clone() for state in rng["cuda"]])
 
 
 def check_counters(checkpoint, source: str, batch_size: int, num_iterations: int) -> tuple:
@@ -280,19 +307,19 @@ def apply_env_state(updates) -> None:
             setattr(layer, key, copied(value))
 
 
-def probe_env_state(envs, saved, walk) -> Optional[str]:
+def probe_env_state(envs, saved, harness) -> Optional[str]:
     """Why a saved env state that passed every check still cannot run (an env told it was never reset, a screen it
     never opened), tried on a copy of the rebuilt stack that steps once and closes; None if it runs, or if the stack
     cannot be copied. The random state is put back after."""
     import copy
 
-    rng = walk.rng_state()
+    rng = harness.rng_state()
     try:
         probe = copy.deepcopy(envs)
     except Exception:
         return None
     try:
-        apply_env_state(env_state_updates(walk.layers(probe), saved)[0])
+        apply_env_state(env_state_updates(harness.env_layers(probe), saved)[0])
         space = probe.single_action_space
         action = np.zeros(space.shape, space.dtype)
         action = np.clip(action, space.low, space.high) if hasattr(space, "low") else action
@@ -301,5 +328,5 @@ def probe_env_state(envs, saved, walk) -> Optional[str]:
     except Exception as error:
         return f"the checkpoint's env state cannot step ({type(error).__name__})"
     finally:
-        walk.set_rng_state(rng)
+        set_rng_state(rng)
     return None

@@ -119,5 +119,7 @@ def leave() -> None:
     dist.destroy_process_group()
 
 
-def backend() -> str:
-    return dist.get_backend()
+def described(world_size: int, args) -> str:
+    """The start-up block's line on the workers (args: rank 0's share)."""
+    return (f"{world_size:,} torchrun workers ({dist.get_backend()}), each with {args.num_envs} envs and seed "
+            f"{args.seed} + {args.num_envs} x rank; the flags printed and logged are rank 0's share")

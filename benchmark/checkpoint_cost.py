@@ -85,7 +85,7 @@ def measure(name: str, out_dir: str, repeats: int) -> None:
             has_resume = importlib.util.find_spec("resume") is not None  # resume.py holds it since checkpoints.py split
             restoring = importlib.import_module("resume") if has_resume else checkpoints
             restoring.restore_run(loaded, saved, envs, next_obs, next_done, "--resume", args.num_envs * 256, 100,
-                                  harness.ENV_WALK)
+                                  harness)
         else:
             loaded = checkpoints.load_checkpoint(path, "--resume", module.SCRIPT)
             checkpoints.restore_run(loaded, saved, envs, next_obs, next_done, "--resume", args.num_envs * 256, 100)

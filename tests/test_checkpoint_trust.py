@@ -330,14 +330,14 @@ def test_every_way_an_env_id_can_fail_is_said_in_one_sentence(tmp_path, monkeypa
         file.write("raise RuntimeError('no display')\n")
     with open("needs_a_package.py", "w") as file:
         file.write("import package_that_is_not_installed\n")
-    cases = [
-        ("raises_on_import:CartPole-v1", r"^--env-id raises_on_import:CartPole-v1: importing its module "
-                                         r"raises_on_import raised RuntimeError: no display$"),
-        ("needs_a_package:CartPole-v1", r"^--env-id needs_a_package:CartPole-v1: its module needs_a_package imports "
-                                        r"package_that_is_not_installed, which is not installed\.$"),
-        ("a:b:CartPole-v1", r"^--env-id 'a:b:CartPole-v1' is not `module:EnvId` with one module path of dotted names"),
-        ("..:CartPole-v1", r"^--env-id '\.\.:CartPole-v1' is not `module:EnvId`"),
-        (".mods:CartPole-v1", r"^--env-id '\.mods:CartPole-v1' is not `module:EnvId`"),
+    cases = [  # gym.make imports a `module:EnvId`'s module; its error, in its own words, on one line
+        ("raises_on_import:CartPole-v1", r"^--env-id 'raises_on_import:CartPole-v1' cannot be made: RuntimeError: no "
+                                         r"display$"),
+        ("needs_a_package:CartPole-v1", r"^--env-id 'needs_a_package:CartPole-v1' cannot be made: ModuleNotFoundError: "
+                                        r"No module named 'package_that_is_not_installed'\. [^\n]*$"),
+        ("a:b:CartPole-v1", r"^--env-id 'a:b:CartPole-v1' cannot be made: ValueError: too many values to unpack"),
+        ("..:CartPole-v1", r"^--env-id '\.\.:CartPole-v1' cannot be made: TypeError: [^\n]*relative import"),
+        (".mods:CartPole-v1", r"^--env-id '\.mods:CartPole-v1' cannot be made: TypeError: [^\n]*relative import"),
     ]
     for env_id, message in cases:
         with pytest.raises(SystemExit, match=message):
@@ -367,8 +367,8 @@ def test_evaluating_a_user_env_model_without_its_module_says_so(tmp_path, monkey
     module = __import__(script)
     monkeypatch.chdir(tmp_path)  # trained on a user's env whose module is not here
     model_file(module, "model.safetensors", env_id="gone_envs:Grid2D-v0")
-    with pytest.raises(SystemExit, match=r"^--env-id gone_envs:Grid2D-v0: its module gone_envs cannot be found; it "
-                                         r"must be in the scripts' folder or on PYTHONPATH\.$"):
+    with pytest.raises(SystemExit, match=r"^--env-id 'gone_envs:Grid2D-v0' cannot be made: ModuleNotFoundError: No "
+                                         r"module named 'gone_envs'\. [^\n]*$"):
         module.train(module.Args(eval_checkpoint="model.safetensors", env_id="gone_envs:Grid2D-v0", cuda=False))
     assert ":" not in module.SCRIPT.run_name(module.Args(env_id="user_envs:Grid2D-v0"))  # a portable run directory
 
@@ -381,7 +381,7 @@ def test_the_checks_take_what_runs_save_observation_statistics_included(tmp_path
                                    total_timesteps=128, cuda=False))
     saved = read_back(f"{trained['run_dir']}/model.safetensors")["normalizers"]["obs_0"]
     envs = vmpo.make_env(vmpo.with_defaults(vmpo.Args(env_id="Hopper-v5", num_envs=1)))
-    checkpoints.load_normalizers(envs, {"obs_0": saved}, harness.ENV_WALK)
+    checkpoints.load_normalizers(envs, {"obs_0": saved}, harness)
     rms = harness.env_normalizers(envs)["obs_0"][1]
     assert saved["mean"].dtype == torch.float64 and np.array_equal(rms.mean, saved["mean"].numpy())
     assert len(vmpo.train(vmpo.Args(eval_checkpoint=f"{trained['run_dir']}/model.safetensors", eval_episodes=1,
@@ -557,12 +557,12 @@ def test_a_second_run_of_one_directory_is_refused_while_the_first_lives(stopped)
     path, _ = stopped
     holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
                                "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\nfcntl.flock(fd, fcntl.LOCK_EX)\n"
-                               "os.write(fd, b'4242\\n')\nprint('locked', flush=True)\ntime.sleep(60)\n",
+                               "print('locked', flush=True)\ntime.sleep(60)\n",
                                os.path.join(os.path.dirname(path), "run.lock")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline() == "locked\n"
-        with pytest.raises(SystemExit, match=r"is in use by another run \(process 4242\): one run writes a run "
-                                             r"directory at a time\.$"):
+        with pytest.raises(SystemExit, match=r"is in use by another run: one run writes a run directory at a "
+                                             r"time\.$"):
             ppo_ewma.train(ppo_ewma.Args(resume=path, checkpoint_every=1))
     finally:
         holder.kill()

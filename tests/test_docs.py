@@ -132,13 +132,30 @@ def test_the_readme_shows_the_ci_test_command():
 SCRIPTS = ["ppo_ewma", "ppo_ewma_rnn", "ppg_ewma", "ppo_staleness", "vmpo", "ppo_er"]
 
 
+def recipes(doc: str) -> list:
+    """The `python ...` commands of a text (a docstring's recipes), continuation lines joined, comments dropped."""
+    commands, lines = [], iter(doc.splitlines())
+    for line in lines:
+        if line.strip().startswith("python "):
+            command = line.split("#")[0].strip()
+            while command.endswith("\\"):
+                command = command[:-1].strip() + " " + next(lines).split("#")[0].strip()
+            commands.append(command)
+    return commands
+
+
+def test_recipes_are_read_from_a_docstring_with_their_continuation_lines():
+    doc = "Title.\n\n    python a.py --x 1   # a comment\n    python a.py --y 2 \\\n        --z 3   # more\nText.\n"
+    assert recipes(doc) == ["python a.py --x 1", "python a.py --y 2 --z 3"]
+
+
 def cpu_recipes(text, script):
     """The `python {script}.py` commands of a text that train a Gymnasium env for a set number of steps: its
     recipes (a Procgen run, a --resume or an --eval-checkpoint is not one)."""
     import harness  # noqa: E402  (after conftest.py put the repository root on the path)
 
     text = re.sub(r"^(\s*)PYTHONPATH=\S+ python ", r"\1python ", text, flags=re.M)  # a user's env module's folder
-    commands = [c for c in harness.recipes(text) if c.split()[1] == f"{script}.py" and "--total-timesteps" in c]
+    commands = [c for c in recipes(text) if c.split()[1] == f"{script}.py" and "--total-timesteps" in c]
     return [c for c in commands if (env := dict(zip(c.split(), c.split()[1:])).get("--env-id"))
             and env not in harness.PROCGEN_GAMES + ("GAME",)]
 

@@ -191,7 +191,7 @@ def test_progress_line_counts_whole_iterations_and_says_what_the_update_is_doing
     ]
 
 
-def test_the_bar_keeps_its_status_whole_at_80_columns(monkeypatch):
+def test_a_terminal_gets_a_line_every_10_seconds(monkeypatch):
     class Terminal(io.StringIO):
         def isatty(self):
             return True
@@ -199,19 +199,12 @@ def test_the_bar_keeps_its_status_whole_at_80_columns(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(harness.time, "monotonic", lambda: clock[0])
     progress = harness.Progress(total_steps=100_000_000, start_step=0)
-    progress.bar.dynamic_ncols, progress.bar.ncols = False, 80
-    progress.update(65_536, [])
-    progress.set_status("updating: epoch 3/3")  # no episode has ended yet
-    clock[0] += 8.0
-    progress.iteration_done(65_536)  # 8,192 steps a second
-    progress.update(1_234_567, [-1234.56] * 3, force=True)
-    progress.set_status("updating: value epoch 10/10")
-    lines = sys.stdout.getvalue().split("\r")
-    assert lines[-3].endswith(" 65.5k/100M [00:00, mean_return -  updating: epoch 3/3]")
-    # ETA (100M - 1,234,567) / 8,192 = 12,056 s
-    assert lines[-2].endswith(" 1.23M/100M [00:00, mean_return -1234.56  SPS 8,192  ETA 3 h 21 min]")
-    assert lines[-1].endswith(" 1.23M/100M [00:00, mean_return -1234.56  updating: value epoch 10/10]")
-    assert all(len(line) <= 80 and "|" in line for line in lines[-3:])  # a bar, however short
+    for step in range(1, 26):  # 1 s and 8,192 steps apart: lines at 10 s and 20 s
+        clock[0] += 1.0
+        progress.update(8_192 * step, [-1234.56] * 3)
+    assert sys.stdout.getvalue().splitlines() == [
+        "step 81,920/100,000,000 (0%)  mean_return -1234.56  in the first iteration  elapsed 10 s",
+        "step 163,840/100,000,000 (0%)  mean_return -1234.56  in the first iteration  elapsed 20 s"]
 
 
 def test_durations_read_as_people_read_them():
@@ -238,24 +231,18 @@ def test_tune_cpu_picks_threads_by_torso():
         torch.set_num_threads(before)
 
 
-def test_bf16_on_the_cpu_says_what_was_measured_on_that_kind_of_cpu(capsys, tmp_path, monkeypatch):
-    # /proc/cpuinfo's flags (docs/speed.md#--bf16-on-the-cpu): an AMX CPU lists avx512_bf16 too, so AMX is asked
-    # first; a flag is a whole word (avx512_bf16x is none of them)
-    amx = "flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile amx_int8\n"
-    assert harness.bf16_on_cpu(amx) == harness.BF16_ON_CPU["amx_bf16"] and "1.60x as fast" in harness.bf16_on_cpu(amx)
-    assert harness.bf16_on_cpu("flags : fpu avx512f avx512_bf16\nflags : fpu avx512f avx512_bf16\n").startswith(
-        "avx512_bf16, no AMX: the main job's iteration ran 1.54x")
-    for neither in ("flags : fpu avx2 avx512f avx512_bf16x", ""):  # and no /proc/cpuinfo at all
-        assert harness.bf16_on_cpu(neither).startswith("neither amx_bf16 nor avx512_bf16 listed")
-    import ppo_ewma  # a CPU run with --bf16 says it at its start, for this machine's flags
+def test_bf16_on_the_cpu_says_where_it_pays(capsys, tmp_path, monkeypatch):
+    import ppo_ewma  # a CPU run with --bf16 says at its start what bfloat16 measured (docs/speed.md); one without, nothing
 
     monkeypatch.chdir(tmp_path)  # start() checks that runs/ could be made here
-    args = ppo_ewma.Args(env_id="starpilot", bf16=True, cuda=False, num_envs=4, num_steps=16, num_minibatches=2)
-    run = harness.start(ppo_ewma.SCRIPT, args, None, num_iterations=1)
-    for sig, handler in run.old_handlers.items():  # the run never opens, so give Ctrl-C back to pytest here
-        signal.signal(sig, handler)
-    here = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    assert f"note: --bf16 on a CPU with {harness.bf16_on_cpu(here)}; " in capsys.readouterr().out
+    for bf16 in (True, False):
+        args = ppo_ewma.Args(env_id="starpilot", bf16=bf16, cuda=False, num_envs=4, num_steps=16, num_minibatches=2)
+        run = harness.start(ppo_ewma.SCRIPT, args, None, num_iterations=1)
+        for sig, handler in run.old_handlers.items():  # the run never opens, so give Ctrl-C back to pytest here
+            signal.signal(sig, handler)
+        note = ("note: --bf16 on the CPU: an iteration 1.60x as fast with AMX, 0.84-1.54x with avx512_bf16 alone; "
+                "emulated, the CNN 12-13x slower; benchmark/bf16.py times it here\n")
+        assert (note in capsys.readouterr().out) == bf16
 
 
 # ----------------------------------------------------------------------- runs that never lose work
@@ -470,26 +457,16 @@ def test_a_flag_the_script_adjusted_is_named_with_the_value_it_was_given(tmp_pat
     assert not os.path.exists("runs")
 
 
-def test_a_vector_env_with_the_procgen_sizes_gets_the_cpu_recipe_as_a_suggestion(capsys, tmp_path, monkeypatch):
+def test_a_vector_env_with_the_procgen_sizes_is_pointed_to_the_recipes(capsys):
     import ppo_ewma
 
-    monkeypatch.chdir(tmp_path)  # MuJoCo writes MUJOCO_LOG.TXT into the working directory
-    built, make = [], harness.gym.make
-    monkeypatch.setattr(harness.gym, "make", lambda env_id, **kwargs: built.append(env_id) or make(env_id, **kwargs))
     harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1"), ppo_ewma.SCRIPT)
-    harness.suggest_recipe(ppo_ewma.Args(env_id="CartPole-v1"), ppo_ewma.SCRIPT)
-    assert built == ["Acrobot-v1", "CartPole-v1", "CartPole-v1"]  # classic control only: no MuJoCo env is built
-    line, cartpole = capsys.readouterr().out.splitlines()
-    assert cartpole.endswith(next(r for r in harness.recipes(ppo_ewma.__doc__) if "CartPole-v1" in r))
-    recipe = next(r for r in harness.recipes(ppo_ewma.__doc__) if "CartPole-v1" in r)
-    assert line == ("note: --env-id Acrobot-v1 runs with the Procgen sizes (256 envs x 256 steps, gamma 0.999); "
-                    f"a recipe for such envs is: {recipe}")
-    harness.suggest_recipe(ppo_ewma.Args(env_id="Hopper-v5"), ppo_ewma.SCRIPT)  # continuous: the first Box recipe
-    harness.suggest_recipe(ppo_ewma.Args(env_id="Pendulum-v1"), ppo_ewma.SCRIPT)  # its own recipe first
-    hopper, pendulum = capsys.readouterr().out.splitlines()
-    assert hopper.endswith(next(r for r in harness.recipes(ppo_ewma.__doc__) if "HalfCheetah-v5" in r))
-    assert pendulum.endswith(next(r for r in harness.recipes(ppo_ewma.__doc__) if "Pendulum-v1" in r))
+    assert capsys.readouterr().out == (
+        "note: --env-id Acrobot-v1 runs with the Procgen sizes (256 envs x 256 steps, gamma 0.999); `python "
+        "ppo_ewma.py --help` opens with recipes for such envs\n")
+    assert "\n    python ppo_ewma.py --env-id CartPole-v1 " in ppo_ewma.__doc__  # --help's text: the docstring
     harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_envs=8), ppo_ewma.SCRIPT)  # sizes chosen: quiet
+    harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_steps=128), ppo_ewma.SCRIPT)
     harness.suggest_recipe(ppo_ewma.Args(), ppo_ewma.SCRIPT)  # Procgen
     assert capsys.readouterr().out == ""
 
@@ -506,11 +483,6 @@ def test_an_unknown_env_id_is_refused_with_the_closest_name(tmp_path, monkeypatc
     with pytest.raises(SystemExit, match=r"registered Gymnasium env\.$"):  # nothing close: no guess
         harness.env_spaces("xyzzy", harness.PROCGEN_GAMES)
     assert not os.path.exists("runs")
-
-
-def test_recipes_are_read_from_a_docstring_with_their_continuation_lines():
-    doc = "Title.\n\n    python a.py --x 1   # a comment\n    python a.py --y 2 \\\n        --z 3   # more\nText.\n"
-    assert harness.recipes(doc) == ["python a.py --x 1", "python a.py --y 2 --z 3"]
 
 
 # ------------------------------------------------ your own env and its spaces, deterministic evaluation, W&B
@@ -554,8 +526,8 @@ def test_spaces_that_cannot_be_taken_are_refused_in_one_sentence(tmp_path, monke
         (vmpo, "user_envs:DictMultiDiscrete-v0", r"has MultiDiscrete\(\[2 3\]\) actions; vmpo\.py needs Discrete or "
                                                  r"Box actions\.$"),
         (ppo_er, "user_envs:Grid2D-v0", r"has Discrete\(2\) actions; ppo_er\.py needs continuous \(Box\) actions\.$"),
-        (ppo_ewma, "no_such_module:Env-v0", r"^--env-id no_such_module:Env-v0: its module no_such_module cannot be "
-                                            r"found; it must be in the scripts' folder or on PYTHONPATH\.$"),
+        (ppo_ewma, "no_such_module:Env-v0", r"^--env-id 'no_such_module:Env-v0' cannot be made: ModuleNotFoundError: "
+                                            r"No module named 'no_such_module'\. [^\n]*$"),
     ]
     for module, env_id, message in cases:
         with pytest.raises(SystemExit, match=message):

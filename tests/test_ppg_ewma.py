@@ -443,7 +443,7 @@ def test_checkpoint_round_trip_gives_both_networks_the_ewma_and_both_optimizers(
     fresh_optimizers = {"optimizer": torch.optim.Adam(params, lr=5e-4), "aux_optimizer": torch.optim.Adam(params)}
     assert not torch.equal(fresh["value_net"](obs), value_net(obs))
     resume.restore_run(loaded, harness.Saved(fresh, fresh_optimizers, keys={"ewma_weight": 1.0}), envs,
-                       torch.ones(4, 4), torch.ones(4), "--resume", 64, 6, harness.ENV_WALK)
+                       torch.ones(4, 4), torch.ones(4), "--resume", 64, 6, harness)
     assert torch.equal(fresh["policy"].get_pi(obs), policy.get_pi(obs))
     assert torch.equal(fresh["value_net"](obs), value_net(obs))
     assert torch.equal(fresh["ewma_policy"].get_pi(obs), ewma_policy.get_pi(obs))

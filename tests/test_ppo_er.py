@@ -381,7 +381,7 @@ def test_checkpoint_round_trip_gives_the_same_policy_value_adam_and_replay(tmp_p
     assert all(torch.equal(restored_state[i]["exp_avg_sq"], saved_state[i]["exp_avg_sq"]) for i in saved_state)
     assert torch.equal(loaded["replay"][0]["advantages"], replay[0]["advantages"])
     fresh_envs = make_env(args)
-    checkpoints.load_normalizers(fresh_envs, loaded["normalizers"], harness.ENV_WALK)
+    checkpoints.load_normalizers(fresh_envs, loaded["normalizers"], harness)
     for name, (_, rms) in harness.env_normalizers(envs).items():
         restored = harness.env_normalizers(fresh_envs)[name][1]
         assert np.array_equal(restored.mean, rms.mean) and np.array_equal(restored.var, rms.var), name

@@ -656,7 +656,7 @@ def test_checkpoint_round_trip_gives_the_same_networks_ewma_and_normalizers(tmp_
                                     normalizers={"reward": fresh_normalizer, "advantages": fresh_moments},
                                     keys={"ewma_weight": 1.0})
     keys = resume.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 64, 4,
-                              harness.ENV_WALK)[-1]
+                              harness)[-1]
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     assert torch.equal(fresh_ewma(obs)[1], ewma_agent(obs)[1])
     assert keys["ewma_weight"] == 2.5

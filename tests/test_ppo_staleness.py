@@ -305,7 +305,7 @@ def test_checkpoint_round_trip_gives_the_same_network_and_reward_normalizer(tmp_
     fresh_saved = harness.Saved({"agent": fresh}, {"optimizer": torch.optim.Adam(fresh.parameters(), lr=5e-4)},
                                     {"reward": fresh_normalizer}, keys={"queued": 0, "trained_steps": 0})
     keys = resume.restore_run(loaded, fresh_saved, envs, torch.ones(2, 4), torch.ones(2), "--resume", 32, 8,
-                              harness.ENV_WALK)[-1]
+                              harness)[-1]
     obs = torch.tensor([[0.1, -0.2, 0.03, 0.4]])
     assert torch.equal(fresh.get_pi(obs), agent.get_pi(obs))
     # R: [1, 0], then [1 + 0.99, 1 + 0] = [1.99, 1]

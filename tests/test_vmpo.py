@@ -631,7 +631,7 @@ def test_observation_and_reward_statistics_round_trip_and_freeze():
     saved = harness.make_checkpoint(args, harness.Saved({}, {}), envs, None, None)["normalizers"]
     assert set(saved) == {"reward", "obs_0", "obs_1"} and saved["obs_0"]["count"] == pytest.approx(51 + 1e-4)
     fresh = vmpo.make_env(args)
-    checkpoints.load_normalizers(fresh, saved, harness.ENV_WALK)
+    checkpoints.load_normalizers(fresh, saved, harness)
     for name, (wrapper, rms) in harness.env_normalizers(fresh).items():
         assert np.array_equal(rms.mean, saved[name]["mean"].numpy()) and rms.count == saved[name]["count"]
         assert not wrapper.update_running_mean  # frozen for evaluation
