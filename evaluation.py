@@ -160,7 +160,6 @@ def evaluate(args, script, harness) -> dict:
         run_args = dataclasses.replace(script.defaults(run_args), eval_deterministic=args.eval_deterministic)
         if args.capture_video:
             check_video(run_args.env_id, script.procgen_games)
-        harness.check_writable("runs")
         device, device_note = harness.choose_device(args.cuda)
         envs = script.make_env(dataclasses.replace(run_args, num_envs=1, seed=args.seed),
                                render_mode="rgb_array" if args.capture_video else None)

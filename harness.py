@@ -12,10 +12,9 @@ flattened observations, chunked passes). A script describes itself in a `Script`
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
-What only some runs use is a module of its own, imported only where a flag asks (service()) and importing none of
-this one: reading a checkpoint (checkpoints.py: --resume, --eval-checkpoint), evaluation and video (evaluation.py),
-torchrun's workers (workers.py), W&B (tracking.py). This module composes them and hands each what it uses. It never
-imports a script and holds no algorithm: the hyperparameters, the env stack and the gradient steps are the scripts'.
+What only some runs use is a module of its own, imported only where a flag asks (service()), handed this module
+rather than importing it: reading a checkpoint (checkpoints.py), --resume (resume.py), evaluation and video
+(evaluation.py), torchrun's workers (workers.py), W&B (tracking.py). No script is imported, no algorithm held here.
 """
 import ctypes
 import dataclasses
@@ -62,7 +61,7 @@ ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at
 LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
 HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), which a Run puts back as it ends
 WORKERS = None  # workers.py under torchrun; None in one process, where each collective below does nothing
-ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),
+ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),  # Script.actions: the spaces, in words
                     "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
                     "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
                     "all": ((gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box),
@@ -162,21 +161,23 @@ PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coin
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """procgen.ProcgenEnv as a Gymnasium VectorEnv: uint8 HWC observations, 15 discrete actions, levels seeded.
-    Procgen resets a finished level inside `step` (SAME_STEP autoreset) and never truncates."""
+    """The Procgen game --env-id as a Gymnasium VectorEnv: --num-envs envs of --distribution-mode, levels from
+    --start-level (--num-levels of them, 0: unlimited) seeded with --seed; uint8 HWC observations, 15 actions. Procgen
+    resets a finished level inside `step` (SAME_STEP autoreset) and never truncates."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
-    def __init__(self, num_envs, env_name, num_levels, start_level, distribution_mode, seed, render_mode=None):
+    def __init__(self, args, render_mode=None):
         from procgen import ProcgenEnv  # imported here: only Procgen runs need the old gym stack
 
-        self.venv = ProcgenEnv(num_envs=num_envs, env_name=env_name, num_levels=num_levels, start_level=start_level,
-                               distribution_mode=distribution_mode, rand_seed=seed)
-        self.num_envs, self.render_mode = num_envs, render_mode
+        self.venv = ProcgenEnv(num_envs=args.num_envs, env_name=args.env_id, num_levels=args.num_levels,
+                               start_level=args.start_level, distribution_mode=args.distribution_mode,
+                               rand_seed=args.seed)
+        self.num_envs, self.render_mode = args.num_envs, render_mode
         self.single_observation_space = gym.spaces.Box(0, 255, (64, 64, 3), np.uint8)
         self.single_action_space = gym.spaces.Discrete(self.venv.action_space.n)
-        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, num_envs)
-        self.action_space = gym.vector.utils.batch_space(self.single_action_space, num_envs)
+        self.observation_space = gym.vector.utils.batch_space(self.single_observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(self.single_action_space, self.num_envs)
 
     def reset(self, *, seed=None, options=None):
         return self.venv.reset()["rgb"], {}
@@ -192,22 +193,14 @@ class ProcgenVecEnv(gym.vector.VectorEnv):
         self.venv.close()
 
 
-def procgen_envs(args, render_mode=None) -> ProcgenVecEnv:
-    """The Procgen game --env-id as a Gymnasium vector env (ProcgenVecEnv): --num-envs envs of --distribution-mode,
-    levels from --start-level (--num-levels of them, 0: unlimited), seeded with --seed."""
-    return ProcgenVecEnv(args.num_envs, args.env_id, args.num_levels, args.start_level, args.distribution_mode,
-                         args.seed, render_mode)
-
-
 def is_image(space) -> bool:
     """A 64x64x3 uint8 image, what the IMPALA CNN takes."""
     return isinstance(space, gym.spaces.Box) and space.shape == (64, 64, 3) and space.dtype == np.uint8
 
 
 def vector_observations(env: gym.Env, images: bool = True) -> gym.Env:
-    """The sub-env with observations an MLP takes: a Box of more than one dimension, or a Dict or Tuple of Boxes,
-    flattened by FlattenObservation (a Dict's entries in its keys' sorted order, a Tuple's in order, each Box
-    row-major), integers cast to float32; 64x64x3 images kept where the script takes them (the IMPALA CNN's)."""
+    """The sub-env with observations an MLP takes: a Box of more dimensions, or a Dict (keys sorted) or Tuple of Boxes,
+    flattened row-major by FlattenObservation, integers cast to float32; images kept where the script takes them."""
     space = env.observation_space
     if images and is_image(space):
         return env
@@ -250,9 +243,8 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
 
 # ------------------------------------------------------------------------------------- a run's life
 def run_flags(args, script: Script) -> tuple:
-    """The flags a run starts from, each checked (one sentence naming it, before any work): the command line's, or
-    with --resume the checkpoint's (checkpoints.py reads it) with this command line's output and tracking flags.
-    Returns (flags, checkpoint or None). From here on a signal stops the run at once, until its Run takes over."""
+    """(the flags a run starts from, each checked before any work: the command line's, or with --resume the checkpoint's
+    with this command line's output and tracking flags; the checkpoint or None). A signal now stops the run at once."""
     catch_signals()
     try:
         checkpoint = None
@@ -274,9 +266,8 @@ def run_flags(args, script: Script) -> tuple:
 
 
 def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
-    """Everything from the flags up to the envs, which the script makes next (run.open): the torchrun workers, the
-    checks of the run's Args (before any work and any run directory), seeds and device. args: the hyperparameters
-    (num_envs: the total over all workers); flags: run_flags' flags they came from, which checkpoints keep."""
+    """From the flags to the envs, which the script makes next (run.open): torchrun's workers, the checks of args (the
+    hyperparameters; num_envs: all workers'), seeds, device. flags: run_flags' flags, which checkpoints keep."""
     global WORKERS
     flags = args if flags is None else flags
     try:
@@ -375,18 +366,14 @@ class Run:
             self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
 
     def open(self, envs):
-        """The script's envs, made right after the seeding: then the run directory, opened once, and its lock, the
+        """The script's envs, made right after the seeding: then the run directory, opened once and locked, the
         start-up block. Returns the envs, with --capture-video recording env 0's episodes."""
         script, args, flags, checkpoint = self.script, self.args, self.command_args, self.checkpoint
         self.envs = envs
         tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
         if self.rank == 0:  # checkpoints and models go where the checks looked
             self.run_dir = make_run_dir(flags, script.run_name(args))
-            try:
-                self.dir_fd = os.open(self.run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-            except OSError as error:
-                raise SystemExit(f"{shown(self.run_dir)} cannot be opened ({error.strerror}).") from None
-            self.lock = lock_run_dir(self.run_dir, self.dir_fd)
+            self.dir_fd, self.lock = open_run_dir(self.run_dir)
         every, saves = flags.checkpoint_every, ", model.safetensors at the end" if flags.save_model else ""
         lines = {"steps": script.describe(self.hyperparameters, self.num_iterations),
                  "saves": ("no checkpoint.safetensors" if every == 0 else "checkpoint.safetensors every " + (
@@ -411,9 +398,8 @@ class Run:
         return self.envs
 
     def restore(self, saved, next_obs, next_done) -> tuple:
-        """Remember what a checkpoint holds and, with --resume, load it into `saved` and the envs, every part checked
-        first (resume.restore_run); then open the logs (TensorBoard, W&B with --track), which a refused resume
-        never touches. Returns (global_step, first iteration, next_obs, next_done); keys: run.restored."""
+        """Keep what a checkpoint holds (saved); with --resume load it, each part checked first (resume.py); then open
+        the logs, which a refused resume never touches. Returns (global_step, first iteration, next_obs, next_done)."""
         assert set(saved.keys) <= set(self.script.checkpoint_keys), "Saved.keys are some of the Script's"
         self.saved, global_step, first_iteration = saved, 0, 1
         batch_size = self.world_size * self.args.num_envs * self.args.num_steps
@@ -485,9 +471,8 @@ class Run:
         self.progress.set_status(f"updating: {what}")
 
     def end_iteration(self, iteration, global_step, next_obs, next_done, can_checkpoint=True, **extra) -> None:
-        """After each iteration: log SPS, evaluate when due; at a safe point (`can_checkpoint`) write
-        checkpoint.safetensors when due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then
-        stop). extra: the script's keys."""
+        """After each iteration: log SPS, evaluate when due; at a safe point (can_checkpoint) write the checkpoint if
+        due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: its keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
         every = self.command_args.eval_every
@@ -612,24 +597,26 @@ def service(module: str, flag: str):
                          f"project.") from None
 
 
-def lock_run_dir(run_dir: str, dir_fd: int) -> int:
-    """One writer per run directory (dir_fd, opened): run.lock, never opened through a link, locked (flock) while the
-    run lives; a second run is refused. A dead run's lock is let go (by the kernel; by this process, its own)."""
-    path = os.path.join(run_dir, "run.lock")
-    if os.path.realpath(path) in LOCKS_HELD:
-        os.close(LOCKS_HELD.pop(os.path.realpath(path)))
+def open_run_dir(run_dir: str) -> tuple:
+    """(run_dir opened once, never through a link; its run.lock, locked while the run lives): one writer per run
+    directory, a second refused. A dead run's lock is let go (by the kernel; by this process, its own)."""
+    path = os.path.realpath(os.path.join(run_dir, "run.lock"))
+    if path in LOCKS_HELD:
+        os.close(LOCKS_HELD.pop(path))
     try:
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         fd = os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd)
     except OSError as error:
-        raise SystemExit(f"{shown(path)} cannot be made ({error.strerror}).") from None
+        raise SystemExit(f"{shown(run_dir)} and its run.lock cannot be opened ({error.strerror}).") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
+        os.close(dir_fd)
         raise SystemExit(f"{shown(run_dir)} is in use by another run: one run writes a run directory at a "
                          f"time.") from None
-    LOCKS_HELD[os.path.realpath(path)] = fd
-    return fd
+    LOCKS_HELD[path] = fd
+    return dir_fd, fd
 
 
 # ------------------------------------------------------------------------------ checkpoints: what a run writes
@@ -662,9 +649,8 @@ def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> di
 
 
 def encoded(value, tensors: dict, path: str = ""):
-    """A checkpoint's value as JSON, each tensor moved into `tensors` under its path ("models/agent/actor.weight") and
-    named by {"$tensor": path}; a tuple as {"$tuple": [...]}, a dict of int keys as {"$int_keys": [[key, value]]},
-    inf and nan as {"$float": "inf"}."""
+    """A checkpoint's value as JSON, each tensor moved into `tensors` under its path ("models/agent/actor.weight"):
+    {"$tensor": path}; a tuple {"$tuple": [...]}, int keys {"$int_keys": [[key, value]]}, inf {"$float": "inf"}."""
     if isinstance(value, torch.Tensor):  # contiguous, on the CPU (safetensors copies it into the file's bytes)
         assert path not in tensors, path
         tensors[path] = value.detach().cpu().contiguous()
@@ -696,9 +682,8 @@ def checkpoint_bytes(checkpoint: dict) -> bytes:
 
 
 def model_bytes(checkpoint: dict, policy: str) -> bytes:
-    """The model file of a checkpoint: the policy's weights under their state_dict names, so that any safetensors
-    reader loads them (safetensors.torch.load_file), and in its metadata what --eval-checkpoint needs to play it: the
-    script, its flags, the step and env 0's observation statistics (their arrays as {"$array": ...})."""
+    """The model file: the policy's weights under their state_dict names (safetensors.torch.load_file loads them), and
+    in its metadata what --eval-checkpoint plays it with: script, flags, step, env 0's statistics ({"$array": ...})."""
     model = encoded({key: checkpoint[key] for key in ("script", "args", "global_step")}, {})
     model["normalizers"] = {name: {key: {"$array": {"dtype": str(value.dtype)[6:], "shape": list(value.shape),
                                                     "data": value.reshape(-1).tolist()}} if torch.is_tensor(value)
@@ -710,11 +695,9 @@ def model_bytes(checkpoint: dict, policy: str) -> bytes:
 
 
 def write_file(path: str, data: bytes, dir_fd: Optional[int] = None) -> None:
-    """`data` into a file made exclusively (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name in path's directory,
-    synced, then renamed onto path: never a torn file, a link at path replaced, not followed, no name planted in
-    advance. dir_fd: that directory, opened once (the run's), so that a directory or link put in its place since gets
-    nothing. A full disk, or a directory in the way, is one sentence, path's file kept. A run directory has one writer
-    (its lock), so the temporary files of a writer killed mid-write are removed."""
+    """`data` into a file made (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name in path's directory (dir_fd: the
+    run's, opened once), synced, renamed onto path: never a torn file, a link replaced, not followed. A full disk is
+    one sentence, path's file kept. One writer per run directory: a killed writer's temporary files are removed."""
     directory, name = os.path.split(path)
     temporary = f".{name}.{secrets.token_hex(8)}.tmp"  # 64 random bits: never planted
     try:
@@ -809,9 +792,8 @@ NOT_SAVED_LAYERS = (gym.wrappers.vector.RecordVideo,)  # the run's own recording
 
 
 def to_data(value):
-    """value as data that a checkpoint holds: numbers, strings and None as they are, NumPy arrays and scalars as
-    tensors, tuples and deques as lists, dicts, a NumPy Generator as its bit generator's state dict, a MuJoCo MjData as
-    its integration state (time, qpos, qvel, act, controls, forces, warm start); else TypeError."""
+    """value as a checkpoint's data: numbers, strings, None; NumPy arrays and scalars as tensors, tuples and deques as
+    lists, dicts, a NumPy Generator as its state dict, a MuJoCo MjData as its integration state; else TypeError."""
     if isinstance(value, (np.ndarray, np.generic)) and value.dtype.kind in "biuf":  # first: np.float64 is a float
         return torch.from_numpy(np.array(value))  # a copy
     if value is None or isinstance(value, (bool, int, float, str, torch.Tensor)):
@@ -831,9 +813,8 @@ def to_data(value):
 
 
 def env_layers(envs):
-    """Every layer of a Gymnasium vector env stack (the vector wrappers, the vector env, then each sub-env's layers),
-    each with the attributes that make up its state (see NOT_ENV_STATE): [(layer, {attribute: its value, MuJoCo's
-    MjData as its data})]; or, for envs that are not a SyncVectorEnv's, why their state is not data."""
+    """Every layer of a vector env stack (vector wrappers, vector env, each sub-env's layers) with the attributes of its
+    state (NOT_ENV_STATE): [(layer, {attribute: value})]; or why it is not data (envs not a SyncVectorEnv's)."""
     if not isinstance(envs.unwrapped, gym.vector.SyncVectorEnv):
         return f"{type(envs.unwrapped).__name__}'s envs cannot be saved as data"
     layers, env = [], envs
@@ -881,7 +862,6 @@ def check_args(args, script: Script) -> None:
     if args.total_timesteps < iteration:
         raise SystemExit(f"--total-timesteps {args.total_timesteps:,} is less than one iteration of {iteration:,} "
                          f"steps (--num-envs {args.num_envs} x --num-steps {args.num_steps}).")
-    check_writable("runs" if args.resume is None else os.path.dirname(args.resume) or ".")
     if args.track:  # W&B installed, and tracking.py beside the script
         service("tracking", "--track").check()
     if args.capture_video:  # moviepy installed, frames rendered
@@ -941,9 +921,8 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
 
 
 def env_bytes(env_id: str, procgen_games=()) -> int:
-    """What one env of env_id holds, measured: the resident memory that a second gym.make and reset add (the first
-    imports what the env needs), doubled for its wrappers and the vector env's buffers, at least ENV_BYTES_FLOOR
-    (MuJoCo's about 1.1 MiB, CartPole's 6 KiB measured here); a Procgen game's PROCGEN_ENV_BYTES."""
+    """What one env holds: the resident memory that a second gym.make and reset add (the first imports its code),
+    doubled for wrappers and buffers, at least ENV_BYTES_FLOOR (MuJoCo's 1.1 MiB, CartPole's 6 KiB); Procgen's a MiB."""
     if env_id in procgen_games:
         return PROCGEN_ENV_BYTES
 
@@ -993,15 +972,6 @@ def available_memory(cuda: bool) -> dict:
     return available
 
 
-def check_writable(directory: str) -> None:
-    """The run directory can be made under `directory` (made later, after every check)."""
-    if os.path.exists(directory) and not os.path.isdir(directory):
-        raise SystemExit(f"{os.path.abspath(directory)} is a file, so no run directory can be made in it; "
-                         f"move it or run from another directory.")
-    if not os.access(directory if os.path.isdir(directory) else ".", os.W_OK):
-        raise SystemExit(f"{os.path.abspath(directory)} is not writable; run from a directory you can write to.")
-
-
 def suggest_recipe(args, script: Script) -> None:
     """A non-Procgen env run with the Procgen-sized defaults: say so, and where the script's recipes are."""
     defaults = script.args_type()
@@ -1036,18 +1006,22 @@ def tune_cpu(device, torch_threads: int, obs_shape) -> None:
 
 def make_run_dir(args, name: str) -> str:
     """runs/{name}__{time}, made only now that every check passed, and never one that exists: two runs started in
-    the same second get __{time} and __{time}_1. A resumed run keeps its own directory."""
+    the same second get __{time} and __{time}_1. A resumed run keeps its own directory (resume.py checked it)."""
     if args.resume is not None:
         return os.path.dirname(args.resume) or "."
-    os.makedirs("runs", exist_ok=True)
     base, suffix = os.path.join("runs", f"{name}__{int(time.time())}"), 0
-    while True:
-        run_dir = base + (f"_{suffix}" if suffix else "")
-        try:
-            os.mkdir(run_dir)  # atomic: it fails where another run made this directory first
-            return run_dir
-        except FileExistsError:
-            suffix += 1
+    try:
+        os.makedirs("runs", exist_ok=True)
+        while True:
+            run_dir = base + (f"_{suffix}" if suffix else "")
+            try:
+                os.mkdir(run_dir)  # atomic: it fails where another run made this directory first
+                return run_dir
+            except FileExistsError:
+                suffix += 1
+    except OSError as error:  # runs is a file, or not writable
+        raise SystemExit(f"{os.path.abspath('runs')} cannot hold a run directory ({error.strerror}): move it, or "
+                         f"run from a directory you can write to.") from None
 
 
 def print_startup(script: Script, env_id: str, device_note: str, run_dir: str, lines: dict) -> None:

@@ -678,7 +678,7 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     resets a finished episode inside the step that ended it (SAME_STEP autoreset, as Procgen's do): next_obs is the
     new episode's first observation, info["final_obs"] the finished one's last, which train() bootstraps from."""
     if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
-        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
+        envs = harness.ProcgenVecEnv(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:  # Dict, Tuple and n-D Box observations flattened, ints as float32
         envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
                             wrappers=[harness.vector_observations],

@@ -577,7 +577,7 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     """The N envs, recording raw-score episode statistics. SAME_STEP autoreset (as Procgen's): a step that ends an
     episode returns the next one's first observation, and in info["final_obs"] the ended one's last (to bootstrap)."""
     if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
-        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
+        envs = harness.ProcgenVecEnv(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:
         envs = gym.make_vec(args.env_id, num_envs=args.num_envs, vectorization_mode="sync",
                             wrappers=[harness.vector_observations],  # Dict, Tuple, n-D Box flattened, ints as float32

@@ -650,7 +650,7 @@ def make_env(args: Args, render_mode=None) -> gym.vector.VectorEnv:
     the batch size-invariance scripts use the official code's RewardNormalizer instead), after the raw-score
     episode statistics are recorded, then clipped to +-10; --no-norm-reward hands the raw rewards on."""
     if args.env_id in harness.PROCGEN_GAMES:  # the game's 64x64x3 uint8 frames (no frame stack) and 15 actions; its
-        envs = harness.procgen_envs(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
+        envs = harness.ProcgenVecEnv(args, render_mode)  # levels as its flags say; a time-out ends one (no truncation)
     else:
         wrappers = [harness.vector_observations]  # Dict, Tuple and n-D Box observations flattened, ints as float32
         if args.norm_obs:  # by each env's running mean and std, inside the autoreset so that final_obs is too; +-10

@@ -295,7 +295,7 @@ def test_memory_check_says_how_much_the_buffers_need(tmp_path, monkeypatch):
 def test_runs_path_that_is_a_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("not a directory")
-    with pytest.raises(SystemExit, match="runs is a file"):
+    with pytest.raises(SystemExit, match=r"runs cannot hold a run directory \(File exists\): move it"):
         train(Args(env_id="Pendulum-v1", total_timesteps=64, num_steps=64))
     assert (tmp_path / "runs").read_text() == "not a directory"
 

@@ -285,7 +285,7 @@ def test_bad_input_names_the_flag_and_leaves_no_run_dir(tmp_path, monkeypatch, c
 def test_runs_path_that_is_a_file_is_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("not a directory")
-    with pytest.raises(SystemExit, match="runs is a file"):
+    with pytest.raises(SystemExit, match=r"runs cannot hold a run directory \(File exists\): move it"):
         ppo_ewma.train(Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2))
 
 

@@ -432,7 +432,7 @@ def test_memory_check_says_how_much_the_rollout_needs(monkeypatch, tmp_path):
 def test_runs_path_that_is_a_file_is_refused(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs").write_text("not a directory")
-    with pytest.raises(SystemExit, match="runs is a file"):
+    with pytest.raises(SystemExit, match=r"runs cannot hold a run directory \(File exists\): move it"):
         vmpo.train(vmpo.Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2))
     assert (tmp_path / "runs").read_text() == "not a directory"
 
