@@ -1,6 +1,6 @@
 """Evaluation and video, loaded only when a flag asks: --eval-checkpoint (play a saved policy), --eval-every (play the
-acting policy during training) and --capture-video. harness.py checks the flags and builds the envs, checkpoints.py
-reads the file; this module acts, plays, films and logs. It imports none of the project's modules but tracking.py,
+acting policy during training) and --capture-video. checkpoints.py reads the file; this module, with harness.py's
+checks, builds the envs, acts, plays, films and logs. It imports none of the project's modules but tracking.py,
 with --track; harness.py hands it the run and itself (the module), never imported.
 """
 import dataclasses
@@ -44,13 +44,15 @@ def check_video(env_id, procgen_games=()) -> None:
         raise SystemExit(f"--capture-video: {env_id} cannot render frames here ({why}).") from None
 
 
-def film(envs, run_dir: str, episodes=None):
+def film(envs, run_dir: str, episodes=None, resumed_at=0):
     """envs recording videos into run_dir/videos with Gymnasium's RecordVideo: in training (episodes None) env 0's
-    episodes k^3 below 1000, then every 1000th (capped cubic, CleanRL's); in an evaluation its first `episodes`."""
+    episodes k^3 below 1000, then every 1000th (capped cubic, CleanRL's), counted from 0 again in a run resumed at
+    step resumed_at, whose files' names say so; in an evaluation its first `episodes`."""
     if episodes is None:
         return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"), record_first_only=True,
                                                episode_trigger=lambda k: round(k ** (1 / 3)) ** 3 == k if k < 1000
-                                               else k % 1000 == 0)
+                                               else k % 1000 == 0, name_prefix="rl-video" + (
+                                                   f"-resumed-at-{resumed_at}" if resumed_at else ""))
     return gym.wrappers.vector.RecordVideo(envs, os.path.join(run_dir, "videos"),
                                            episode_trigger=lambda k: k < episodes)
 
@@ -140,6 +142,7 @@ def evaluate(args, script, harness) -> dict:
     step; print and log the raw return (eval/mean_return, eval/std_return at the file's global_step; --track: to W&B
     too). harness: harness.py, whose checks it runs; a signal stops it at once while it starts."""
     harness.catch_signals()
+    envs = None
     try:
         checkpoints = harness.service("checkpoints", "--eval-checkpoint")
         ranges, given, source = {**harness.COMMON_FLAG_RANGES, **script.flag_ranges}, \
@@ -168,13 +171,17 @@ def evaluate(args, script, harness) -> dict:
             module, checkpoint["models"], name, source), device), envs, device, source)  # the weights checked first
         checkpoint_dir = re.sub(r"[^\w.=-]", "-", os.path.basename(os.path.dirname(os.path.abspath(
             args.eval_checkpoint))), flags=re.ASCII)  # printable, whatever the working directory's name
-        run_dir = harness.make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run, within
-                                       f"{checkpoint_dir[:2 * harness.NAME_LENGTH]}__eval")  # NAME_LENGTH
+        run_dir = harness.make_run_dir(dataclasses.replace(run_args, resume=None),  # named after its run's, cut to
+                                       f"{checkpoint_dir[:2 * harness.NAME_LENGTH]}__eval")  # 2 x NAME_LENGTH
         global_step = checkpoint["global_step"]
         harness.print_startup(script, run_args.env_id, device_note, run_dir, {
             "checkpoint": f"{args.eval_checkpoint} (step {global_step:,})",
             "episodes": f"{args.eval_episodes}, seed {args.seed}, {acting(args)}, normalization frozen"})
         harness.seed_everything(args.seed)
+    except BaseException:  # a refused file: the env closed
+        if envs is not None:
+            envs.close()
+        raise
     finally:
         harness.give_back_signals()
     if args.capture_video:

@@ -58,7 +58,7 @@ OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every", "capture_video
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data goes: the command line's, never a file's
 NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
 ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
-LOCKS_HELD = {}  # run.lock's real path -> the open file that holds its lock, for the runs of this process
+LIVE_RUN = None  # this process's Run until it ends (release): one that died of an error is let go at the next start
 HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), which a Run puts back as it ends
 WORKERS = None  # workers.py under torchrun; None in one process, where each collective below does nothing
 ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),  # Script.actions: the spaces, in words
@@ -307,6 +307,11 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
 def catch_signals() -> None:
     """Ctrl-C and SIGTERM stop at once while a run starts (its flags, a checkpoint read, its checks); the handlers
     before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
+    if LIVE_RUN is not None:  # a run of this process that an error ended: its handlers and lock let go, and what
+        try:  # else of it the error left closable
+            LIVE_RUN.release()
+        except Exception:
+            pass
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             HANDLERS_BEFORE_START.setdefault(sig, signal.signal(sig, stop_at_once))
@@ -364,6 +369,8 @@ class Run:
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
             previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
             self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
+        global LIVE_RUN
+        LIVE_RUN = self
 
     def open(self, envs):
         """The script's envs, made right after the seeding: then the run directory, opened once and locked, the
@@ -394,7 +401,8 @@ class Run:
         if self.adjusted:
             print(f"adjusted from the flags:\n{self.adjusted}")
         if args.capture_video and self.rank == 0:
-            self.envs = service("evaluation", "--capture-video").film(envs, self.run_dir)
+            self.envs = sys.modules["evaluation"].film(envs, self.run_dir, resumed_at=(checkpoint or {}).get(
+                "global_step", 0))  # a resumed run's videos named apart from its first life's
         return self.envs
 
     def restore(self, saved, next_obs, next_done) -> tuple:
@@ -441,8 +449,7 @@ class Run:
         if WORKERS:  # the first refusal of any worker, in rank order
             refusal = next((refusal for refusal in WORKERS.every_workers(refusal) if refusal is not None), None)
         if refusal is not None:
-            self.release()
-            raise SystemExit(refusal)
+            stop_run(refusal)
 
     def check_policy(self, pi) -> None:
         """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled
@@ -450,7 +457,7 @@ class Run:
         check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}", any_worker)
 
     def after_step(self, global_step: int, info: dict) -> None:
-        """After each vector env step: note the episodes that ended (their raw score), move the progress bar."""
+        """After each vector env step: note the episodes that ended (their raw score), update the progress line."""
         if "episode" in info:  # the last 100 returns change only where an episode ends
             for i in np.flatnonzero(info["_episode"]):
                 self.episodes.append((global_step, float(info["episode"]["r"][i]), int(info["episode"]["l"][i])))
@@ -475,16 +482,16 @@ class Run:
         due (the last iteration, --checkpoint-every, CHECKPOINT_MINUTES, a signal: then stop). extra: its keys."""
         self.sps = int((global_step - self.start_step) / (time.time() - self.start_time))
         self.writer.add_scalar("charts/SPS", self.sps, global_step)
-        every = self.command_args.eval_every
-        if every and self.rank == 0 and global_step // every > self.last_eval_step // every:
-            self.progress.set_status("evaluating")
-            service("evaluation", "--eval-every").play_during_training(self, global_step, sys.modules[__name__])
+        eval_every = self.command_args.eval_every
+        if eval_every and self.rank == 0 and global_step // eval_every > self.last_eval_step // eval_every:
+            self.progress.set_status("evaluating")  # check_args imported evaluation.py
+            sys.modules["evaluation"].play_during_training(self, global_step, sys.modules[__name__])
         self.progress.iteration_done(global_step)
         if WORKERS:  # any worker's signal, so that all stop at the same iteration
             self.stop_signal = WORKERS.largest(self.stop_signal or 0, self.device) or None
         stop = self.stop_signal is not None
-        if not (can_checkpoint or stop and not self.checkpoints):
-            return
+        if not can_checkpoint and not (stop and not self.checkpoints):  # not a safe point: wait for one, unless a
+            return  # stop has no checkpoint to write
         every, last = self.command_args.checkpoint_every, self.last_safe_iteration
         due = any_worker(iteration == self.num_iterations or stop or (  # torchrun: all write it together
             iteration // every > last // every if every else
@@ -528,24 +535,24 @@ class Run:
         return {"global_step": global_step, "sps": self.sps, "mean_return": mean_return, "run_dir": self.run_dir}
 
     def release(self) -> None:
-        """Close the envs, the writers and the group of workers, let go of the lock, put the signal handlers back."""
-        global WORKERS
-        self.envs.close()
-        if self.eval_envs is not None:
-            self.eval_envs.close()
+        """Put the signal handlers back, let go of the lock, close the envs, writers and group of workers (once)."""
+        global WORKERS, LIVE_RUN
+        if LIVE_RUN is not self:
+            return
+        LIVE_RUN, workers, WORKERS = None, WORKERS, None
+        for sig, handler in self.old_handlers.items():
+            signal.signal(sig, handler)
+        for fd in (self.lock, self.dir_fd):  # the lock goes with its file
+            if fd is not None:
+                os.close(fd)
+        for envs in (self.envs, self.eval_envs):
+            if envs is not None:
+                envs.close()
         self.writer.close()
         if self.wandb_run_id is not None:
             sys.modules["tracking"].finish()
-        if WORKERS:  # leave the group of workers
-            WORKERS.leave()
-            WORKERS = None
-        if self.lock is not None and self.lock in LOCKS_HELD.values():
-            os.close(LOCKS_HELD.pop(next(path for path, fd in LOCKS_HELD.items() if fd == self.lock)))
-        if self.dir_fd is not None:
-            os.close(self.dir_fd)
-            self.dir_fd = None
-        for sig, handler in self.old_handlers.items():
-            signal.signal(sig, handler)
+        if workers:  # leave the group of workers
+            workers.leave()
 
     def on_signal(self, signum, frame) -> None:
         name = signal.Signals(signum).name
@@ -599,24 +606,19 @@ def service(module: str, flag: str):
 
 def open_run_dir(run_dir: str) -> tuple:
     """(run_dir opened once, never through a link; its run.lock, locked while the run lives): one writer per run
-    directory, a second refused. A dead run's lock is let go (by the kernel; by this process, its own)."""
-    path = os.path.realpath(os.path.join(run_dir, "run.lock"))
-    if path in LOCKS_HELD:
-        os.close(LOCKS_HELD.pop(path))
+    directory, a second refused. A dead run's lock is let go (by the kernel; in this process, at the next start)."""
+    opened = []
     try:
-        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        fd = os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=dir_fd)
+        opened.append(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+        opened.append(os.open("run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666, dir_fd=opened[0]))
+        fcntl.flock(opened[1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return tuple(opened)
     except OSError as error:
-        raise SystemExit(f"{shown(run_dir)} and its run.lock cannot be opened ({error.strerror}).") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        os.close(dir_fd)
-        raise SystemExit(f"{shown(run_dir)} is in use by another run: one run writes a run directory at a "
-                         f"time.") from None
-    LOCKS_HELD[path] = fd
-    return dir_fd, fd
+        for fd in opened:
+            os.close(fd)
+        raise SystemExit(f"{shown(run_dir)} is in use by another run: one run writes a run directory at a time."
+                         if isinstance(error, BlockingIOError) else
+                         f"{shown(run_dir)} and its run.lock cannot be opened ({error.strerror}).") from None
 
 
 # ------------------------------------------------------------------------------ checkpoints: what a run writes
@@ -866,7 +868,7 @@ def check_args(args, script: Script) -> None:
         service("tracking", "--track").check()
     if args.capture_video:  # moviepy installed, frames rendered
         service("evaluation", "--capture-video").check_video(args.env_id, script.procgen_games)
-    if args.eval_every:
+    if args.eval_every:  # imported now, evaluation.py beside the script, for Run.end_iteration
         service("evaluation", "--eval-every")
 
 
@@ -1120,7 +1122,7 @@ def check_policy(pi, origin: str = "", agreed_by: Callable = lambda flag: flag) 
     """Stop in one sentence where the policy's outputs pi (logits, or a Gaussian's mean and log-std) are not finite,
     before an action is sampled from them; origin: where the numbers came from; agreed_by: any_worker in training."""
     if agreed_by(not bool(torch.isfinite(pi).all())):
-        raise SystemExit(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
+        stop_run(f"The policy's outputs are not finite{origin}: no action can be sampled from them.")
 
 
 def check_finite(iteration: int, **losses) -> None:
@@ -1129,5 +1131,12 @@ def check_finite(iteration: int, **losses) -> None:
     values = mean_over_workers(torch.stack([loss.detach() for loss in losses.values()]))
     if not torch.isfinite(values).all():
         name = next(name for name, value in zip(losses, values) if not torch.isfinite(value))
-        raise SystemExit(f"{name} is not finite at iteration {iteration}: the run stops before this step; its last "
-                         f"checkpoint, if one was written, is the last good one.")
+        stop_run(f"{name} is not finite at iteration {iteration}: the run stops before this step; its last "
+                 f"checkpoint, if one was written, is the last good one.")
+
+
+def stop_run(sentence: str) -> None:
+    """Stop in one sentence, this process's run (if any) let go first: a notebook or a sweep goes on without it."""
+    if LIVE_RUN is not None:
+        LIVE_RUN.release()
+    raise SystemExit(sentence)

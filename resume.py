@@ -2,7 +2,7 @@
 value against the rebuilt run's (restored()); this module decides what a resumed run takes from it (its flags, its
 directory) and puts every part back: networks, optimizers, statistics, the env stack's state, the random state,
 counters, the script's keys, each checked first and none applied until all fit. It imports checkpoints.py and none
-other of the project's modules; harness.py hands it the run's parts (Saved) and itself (the module), never imported.
+other of the project's modules; harness.py hands it the Run and itself (the module), never imported.
 """
 import dataclasses
 import math
@@ -123,7 +123,7 @@ def restore_run(checkpoint, saved, envs, next_obs, next_done, source: str, batch
     """The second pass: every part (networks, optimizers, normalizers, envs, random state, counters, the script's
     keys) checked against the rebuilt run, then applied: (global_step, first iteration, next_obs, next_done, returns,
     keys). Gymnasium envs continue exactly; envs whose state is not data (Procgen's) restart, keeping their
-    statistics. saved: harness.Saved; harness: harness.py (its env walk, random state)."""
+    statistics. saved: harness.Saved; harness: harness.py (env_layers, env_normalizers, rng_state)."""
     extra = sorted(set(checkpoint) - set(KEYS) - set(OPTIONAL_KEYS) - set(saved.keys) - {"kind"})
     if extra:  # a key of the script's that this run does not keep (e.g. --lstm's memory in a feed-forward run)
         raise SystemExit(f"{source}: it holds {extra[0]}, which a run with these flags does not: it is not this run's.")

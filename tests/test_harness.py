@@ -668,6 +668,21 @@ def test_capture_video_films_env_0_in_training_and_every_episode_of_an_evaluatio
                                              capture_video=True))
     assert sorted(os.listdir(f"{evaluated['run_dir']}/videos")) == ["rl-video-episode-0.mp4", "rl-video-episode-1.mp4"]
     assert all(os.path.getsize(path) > 1000 for path in glob.glob(f"{evaluated['run_dir']}/videos/*.mp4"))
+    real_end = harness.Run.end_iteration  # a run stopped by Ctrl-C after iteration 1 of 2, resumed: its videos apart
+
+    def ctrl_c_in_iteration_1(run, iteration, *args, **kwargs):
+        if iteration == 1:
+            run.on_signal(signal.SIGINT, None)
+        real_end(run, iteration, *args, **kwargs)
+    monkeypatch.setattr(harness.Run, "end_iteration", ctrl_c_in_iteration_1)
+    with pytest.raises(SystemExit):
+        ppo_ewma.train(ppo_ewma.Args(**CARTPOLE, total_timesteps=256, capture_video=True, exp_name="resumed"))
+    monkeypatch.setattr(harness.Run, "end_iteration", real_end)
+    path = glob.glob("runs/CartPole-v1__resumed__*/checkpoint.safetensors")[0]
+    ppo_ewma.train(ppo_ewma.Args(resume=path, capture_video=True))
+    assert sorted(os.listdir(os.path.join(os.path.dirname(path), "videos"))) == [
+        "rl-video-episode-0.mp4", "rl-video-episode-1.mp4",  # its first life's, kept
+        "rl-video-resumed-at-128-episode-0.mp4", "rl-video-resumed-at-128-episode-1.mp4"]
 
 
 # ----------------------------------------------------------------------- a plain run: the script and harness.py

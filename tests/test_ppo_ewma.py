@@ -4,6 +4,7 @@ import glob
 import math
 import os
 import shutil
+import signal
 import sys
 import time
 from typing import Optional
@@ -342,12 +343,15 @@ def test_smoke_cartpole_kl_objective_without_ewma(tmp_path, monkeypatch):
     assert result["mean_return"] > 0
 
 
-def test_nan_loss_stops_the_run_with_its_name(tmp_path, monkeypatch):
+def test_nan_loss_stops_the_run_with_its_name_and_lets_go_of_the_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(ppo_ewma, "decoupled_clip_loss", lambda *args, **kwargs: torch.tensor(float("nan")))
+    before = signal.getsignal(signal.SIGINT)
     with pytest.raises(SystemExit, match="^policy_loss is not finite at iteration 1: the run stops before this step"):
         ppo_ewma.train(Args(exp_name="nan", env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2,
                             total_timesteps=16, cuda=False))
+    # a notebook or a sweep goes on in this process: Ctrl-C is its own again, the run's lock and files closed
+    assert signal.getsignal(signal.SIGINT) is before and harness.LIVE_RUN is None
 
 
 @pytest.mark.parametrize("ewma", [True, False])
