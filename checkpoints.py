@@ -1,5 +1,4 @@
-"""Reading a run's files for --eval-checkpoint and --resume (resume.py), small enough to audit alone; harness.py writes
-them.
+"""Reading a run's files for --eval-checkpoint and --resume (resume.py), small enough to audit alone; harness.py writes.
 
 Every file a run writes is a safetensors file: tensors in its body, all else as JSON in its metadata (harness.py's
 encoded(); FORMAT below). What holds for one from someone else:
@@ -95,6 +94,7 @@ def given_flags(args, script) -> set:
 
 def flag_names(names) -> str:  # "--a, --b-c" of the fields a, b_c
     return ", ".join("--" + name.replace("_", "-") for name in names)
+
 
 # ------------------------------------------------------------------------------------------ a run's file
 def read_run(args, flag: str, script, given: set) -> tuple:

@@ -104,8 +104,8 @@ def play_during_training(run, global_step: int, harness) -> None:
         run.eval_envs = run.script.make_env(dataclasses.replace(args, num_envs=num_episodes, seed=seed))
     states = harness.normalizer_states(run.envs)
     num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-    harness.apply_normalizers(harness.env_normalizers(run.eval_envs), {f"obs_{i}": states[f"obs_{i % num_obs}"]
-                                                             for i in range(num_episodes)} if num_obs else {}, True)
+    frozen = {f"obs_{i}": states[f"obs_{i % num_obs}"] for i in range(num_episodes)} if num_obs else {}
+    harness.apply_normalizers(harness.env_normalizers(run.eval_envs), frozen, freeze=True)
     weights = {name: model.state_dict() for name, model in run.saved.models.items()}
     load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
     act = actor(run.script.acting_policy(args, run.eval_envs, load, run.device), run.eval_envs, run.device)
