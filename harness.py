@@ -379,8 +379,11 @@ class Run:
         self.envs = envs
         tune_cpu(self.device, args.torch_threads, envs.single_observation_space.shape)
         if self.rank == 0:  # checkpoints and models go where the checks looked
-            self.run_dir = make_run_dir(flags, script.run_name(args))
-            self.dir_fd, self.lock = open_run_dir(self.run_dir)
+            try:
+                self.run_dir = make_run_dir(flags, script.run_name(args))
+                self.dir_fd, self.lock = open_run_dir(self.run_dir)
+            except SystemExit as error:  # runs/ unwritable, the directory in use: the run let go of, envs included
+                stop_run(error.code)
         every, saves = flags.checkpoint_every, ", model.safetensors at the end" if flags.save_model else ""
         lines = {"steps": script.describe(self.hyperparameters, self.num_iterations),
                  "saves": ("no checkpoint.safetensors" if every == 0 else "checkpoint.safetensors every " + (

@@ -288,6 +288,7 @@ def test_runs_path_that_is_a_file_is_refused(tmp_path, monkeypatch):
     (tmp_path / "runs").write_text("not a directory")
     with pytest.raises(SystemExit, match=r"runs cannot hold a run directory \(File exists\): move it"):
         ppo_ewma.train(Args(env_id="CartPole-v1", num_envs=2, num_steps=8, num_minibatches=2))
+    assert harness.LIVE_RUN is None  # the run, which had made its envs, let go of (Ctrl-C the caller's again)
 
 
 def test_capture_video_without_moviepy_says_so_before_any_work(tmp_path, monkeypatch):
