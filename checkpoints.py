@@ -2,16 +2,13 @@
 
 Every file a run writes is a safetensors file: tensors in its body, all else as JSON in its metadata (harness.py's
 encoded(); FORMAT below). What holds for one from someone else:
-- One reader, which runs no code: safetensors' own, once the header's length (the file's first 8 bytes) is at most
-  HEADER_LIMIT. The metadata's JSON is bounded (nesting, number of values, digits of a number) before Python builds
-  anything of it; each of the file's tensors is named in it exactly once.
-- Two passes. read() checks what the file holds against what the script writes: its keys, its flags (fits()). Once
-  the run is rebuilt from the file's flags, restored() checks every value against the rebuilt run's own (keys, types,
-  dtypes, shapes, settings, bounds), and reads a tensor only once its dtype and shape are the run's: nothing
-  allocates beyond the run. Only then is anything applied (load_weights, load_normalizers; resume.py's restore_run).
-- Any error while a file is read or applied is one sentence naming the file and the key (refused()); a name read
-  from the disk is printed escaped (shown()).
-It imports no module of the project: harness.py hands itself (the module) to what walks an env stack.
+- One reader, which runs no code: safetensors' own, once the header's length (its first 8 bytes) is within HEADER_LIMIT.
+  The metadata's JSON is bounded (nesting, values, digits) before it is built; it names each tensor exactly once.
+- Two passes. read() checks the file's keys and flags (fits()) against what the script writes. Once the run is
+  rebuilt from its flags, restored() checks every value against the rebuilt run's own (keys, types, dtypes, shapes,
+  settings, bounds), reading a tensor only once its dtype and shape are the run's; only then is anything applied.
+- Any error is one sentence naming the file and the key (refused()); a name read from the disk is printed escaped.
+It imports nothing of the project: harness.py hands itself (the module) to what walks an env stack.
 """
 import dataclasses
 import json
@@ -447,4 +444,7 @@ def checked_normalizers(envs, states, source: str, harness) -> dict:
 def load_normalizers(envs, states, harness, source: str = "The checkpoint") -> None:
     """A file's statistics into an evaluation's env stack, checked, then frozen."""
     fitting = checked_normalizers(envs, states if isinstance(states, dict) else {}, source, harness)
-    harness.apply_normalizers(harness.env_normalizers(envs), fitting, freeze=True)
+    for name, (wrapper, rms) in harness.env_normalizers(envs).items():
+        state = fitting.get(name, {})
+        vars(rms).update({key: value if key == "count" else np.array(value) for key, value in state.items()})
+        wrapper.update_running_mean = False

@@ -3,6 +3,7 @@ acting policy during training) and --capture-video. checkpoints.py reads the fil
 checks, builds the envs, acts, plays, films and logs. It imports none of the project's modules but tracking.py,
 with --track; harness.py hands it the run and itself (the module), never imported.
 """
+import copy
 import dataclasses
 import importlib.util
 import os
@@ -102,10 +103,12 @@ def play_during_training(run, global_step: int, harness) -> None:
     num_episodes, seed = args.eval_episodes, args.seed + EVAL_SEED_OFFSET
     if run.eval_envs is None:
         run.eval_envs = run.script.make_env(dataclasses.replace(args, num_envs=num_episodes, seed=seed))
-    states = harness.normalizer_states(run.envs)
-    num_obs = sum(name.startswith("obs_") for name in states)  # the training envs' obs_0 ... obs_{n-1}
-    frozen = {f"obs_{i}": states[f"obs_{i % num_obs}"] for i in range(num_episodes)} if num_obs else {}
-    harness.apply_normalizers(harness.env_normalizers(run.eval_envs), frozen, freeze=True)
+    training = harness.env_normalizers(run.envs)
+    num_obs = sum(name.startswith("obs_") for name in training)  # the training envs' obs_0 ... obs_{n-1}
+    for name, (wrapper, rms) in harness.env_normalizers(run.eval_envs).items():  # theirs, frozen
+        if name.startswith("obs_") and num_obs:
+            vars(rms).update(copy.deepcopy(vars(training[f"obs_{int(name[4:]) % num_obs}"][1])))
+        wrapper.update_running_mean = False
     weights = {name: model.state_dict() for name, model in run.saved.models.items()}
     load = lambda module, name: module.load_state_dict(weights[name])  # noqa: E731  (the run's own weights)
     act = actor(run.script.acting_policy(args, run.eval_envs, load, run.device), run.eval_envs, run.device)
@@ -140,8 +143,8 @@ def evaluate(args, script, harness) -> dict:
     """--eval-checkpoint: play the policy of a model file or checkpoint (checkpoints.py reads it) on one env, its
     normalization frozen: args.eval_episodes episodes (filmed with --capture-video), a signal stopping it after the
     step; print and log the raw return (eval/mean_return, eval/std_return at the file's global_step; --track: to W&B
-    too). harness: harness.py, whose checks it runs; a signal stops it at once while it starts."""
-    harness.catch_signals()
+    too). harness: harness.py, whose checks it runs."""
+    harness.let_go_of_stale_run()
     envs = None
     try:
         checkpoints = harness.service("checkpoints", "--eval-checkpoint")
@@ -182,8 +185,6 @@ def evaluate(args, script, harness) -> dict:
         if envs is not None:
             envs.close()
         raise
-    finally:
-        harness.give_back_signals()
     if args.capture_video:
         envs = film(envs, run_dir, args.eval_episodes)
     stop = []

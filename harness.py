@@ -12,10 +12,10 @@ flattened observations, chunked passes). A script describes itself in a `Script`
     run.end_iteration(iteration, global_step, ...)    # SPS, evaluation, checkpoint, a requested stop
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
-What only some runs use is a module of its own, imported only where a flag asks (service()), handed this module
-rather than importing it: reading a checkpoint (checkpoints.py), --resume (resume.py), evaluation and video
-(evaluation.py), torchrun's workers (workers.py), W&B (tracking.py). No script is imported, no algorithm held here.
+What only some runs use is a module imported where a flag asks (service()) and handed this one: checkpoints.py
+(reading), resume.py, evaluation.py (and video), workers.py (torchrun), tracking.py (W&B). No script, no algorithm here.
 """
+import contextlib
 import ctypes
 import dataclasses
 import difflib
@@ -49,23 +49,22 @@ from torch.utils.tensorboard import SummaryWriter
 
 CHECKPOINT_MINUTES = 30  # default cadence of checkpoint.safetensors: at most this much work is lost to a crash
 PROGRESS_EVERY = 30  # seconds between progress lines when stdout is not a terminal (CI, a log file)
-COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in
-    "seed": "[0, 4294967295]", "torch_threads": "[0, inf)", "checkpoint_every": "[0, inf)", "eval_episodes": "[1, inf)",
-    "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)", "num_steps": "[1, inf)",
-    "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)", "adam_eps": "(0, inf)",
-    "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
+COMMON_FLAG_RANGES = {  # the flags every script has, with the interval each must lie in (threads: at most the cores)
+    "seed": "[0, 4294967295]", "torch_threads": f"[0, {os.cpu_count()}]", "checkpoint_every": "[0, inf)",
+    "eval_episodes": "[1, inf)", "eval_every": "[0, inf)", "total_timesteps": "[1, inf)", "num_envs": "[1, inf)",
+    "num_steps": "[1, inf)", "num_minibatches": "[1, inf)", "update_epochs": "[1, inf)", "learning_rate": "(0, inf)",
+    "adam_eps": "(0, inf)", "gamma": "[0, 1]", "gae_lambda": "[0, 1]"}
 OUTPUT_FLAGS = ("cuda", "bf16", "save_model", "checkpoint_every", "capture_video")  # --resume: the command line's
 TRACKING_FLAGS = ("track", "wandb_project_name", "wandb_entity")  # where data goes: the command line's, never a file's
 NAME_LENGTH = 64  # characters of --exp-name; with the env id, seed and time a run directory's name stays under 255
-ENV_BYTES_FLOOR, PROCGEN_ENV_BYTES = 64 * 2**10, 2**20  # what one env holds, at least (env_bytes)
+ENV_BYTES = 4 * 2**20  # what one env is counted to hold: a MuJoCo env's 1.1-1.6 MiB, doubled for wrappers, buffers
 LIVE_RUN = None  # this process's Run until it ends (release): one that died of an error is let go at the next start
-HANDLERS_BEFORE_START = {}  # signal -> its handler before catch_signals(), which a Run puts back as it ends
 WORKERS = None  # workers.py under torchrun; None in one process, where each collective below does nothing
-ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "discrete actions"),  # Script.actions: the spaces, in words
-                    "continuous": ((gym.spaces.Box,), "continuous (Box) actions"),
-                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete or Box actions"),
+ACCEPTED_ACTIONS = {"discrete": ((gym.spaces.Discrete,), "Discrete actions counted from 0"),  # Script.actions
+                    "continuous": ((gym.spaces.Box,), "Box actions"),
+                    "any": ((gym.spaces.Discrete, gym.spaces.Box), "Discrete actions counted from 0, or Box ones"),
                     "all": ((gym.spaces.Discrete, gym.spaces.MultiDiscrete, gym.spaces.Box),
-                            "Discrete, MultiDiscrete or Box actions")}
+                            "Discrete or 1-D MultiDiscrete actions counted from 0, or Box ones")}
 
 
 @dataclass
@@ -79,8 +78,7 @@ class RunArgs:
     cuda: bool = True
     """use the GPU (--no-cuda: the CPU); with no GPU present the run falls back to the CPU and says so"""
     bf16: bool = False
-    """run the IMPALA CNN in bfloat16 under autocast, weights, losses and Adam in float32 (image observations only:
-    docs/speed.md); like --cuda, --resume may change it"""
+    """run the IMPALA CNN in bfloat16 under autocast; weights, losses and Adam in float32 (images: docs/speed.md)"""
     torch_threads: int = 0
     """torch's CPU threads; 0: 1 for the MLP of vector envs, one per core for the IMPALA CNN (fastest here)"""
     save_model: bool = True
@@ -161,9 +159,9 @@ PROCGEN_GAMES = ("bigfish", "bossfight", "caveflyer", "chaser", "climber", "coin
 
 
 class ProcgenVecEnv(gym.vector.VectorEnv):
-    """The Procgen game --env-id as a Gymnasium VectorEnv: --num-envs envs of --distribution-mode, levels from
-    --start-level (--num-levels of them, 0: unlimited) seeded with --seed; uint8 HWC observations, 15 actions. Procgen
-    resets a finished level inside `step` (SAME_STEP autoreset) and never truncates."""
+    """The Procgen game --env-id as a Gymnasium VectorEnv: --num-envs envs of --distribution-mode, levels --start-level
+    on (--num-levels, 0: all) seeded with --seed; uint8 HWC images, 15 actions; resets in `step` (SAME_STEP), never
+    truncates."""
 
     metadata = {"autoreset_mode": gym.vector.AutoresetMode.SAME_STEP, "render_fps": 15}
 
@@ -244,25 +242,21 @@ def in_chunks(forward: Callable, obs, chunk_size: int):
 # ------------------------------------------------------------------------------------- a run's life
 def run_flags(args, script: Script) -> tuple:
     """(the flags a run starts from, each checked before any work: the command line's, or with --resume the checkpoint's
-    with this command line's output and tracking flags; the checkpoint or None). A signal now stops the run at once."""
-    catch_signals()
-    try:
-        checkpoint = None
-        if args.resume is not None:  # the checkpoint's flags, with this command line's output and tracking flags
-            args, checkpoint = service("resume", "--resume").resumed(args, script, (*OUTPUT_FLAGS, *TRACKING_FLAGS))
-        check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
-                     f"--resume {args.resume}: the checkpoint's flag ")
-        name, directory = args.exp_name, script.run_name(args)
-        if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
-            raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
-                             f"{len(directory)} characters; at most 240 fit: shorten them.")
-        if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
-            raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most "
-                             f"{NAME_LENGTH} characters: it names the run's directory in runs/.")
-        return args, checkpoint
-    except BaseException:
-        give_back_signals()
-        raise
+    with this command line's output and tracking flags; the checkpoint or None)."""
+    let_go_of_stale_run()
+    checkpoint = None
+    if args.resume is not None:  # the checkpoint's flags, with this command line's output and tracking flags
+        args, checkpoint = service("resume", "--resume").resumed(args, script, (*OUTPUT_FLAGS, *TRACKING_FLAGS))
+    check_ranges(args, {**COMMON_FLAG_RANGES, **script.flag_ranges}, "" if checkpoint is None else
+                 f"--resume {args.resume}: the checkpoint's flag ")
+    name, directory = args.exp_name, script.run_name(args)
+    if len(directory) > 240:  # + "__" and the time: the file system's 255 characters
+        raise SystemExit(f"--env-id and --exp-name name the run directory {reprlib.repr(directory)}, "
+                         f"{len(directory)} characters; at most 240 fit: shorten them.")
+    if not name.isprintable() or "/" in name or "\\" in name or name in ("", ".", "..") or len(name) > NAME_LENGTH:
+        raise SystemExit(f"--exp-name {reprlib.repr(name)} must be a plain name (no '/') of at most "
+                         f"{NAME_LENGTH} characters: it names the run's directory in runs/.")
+    return args, checkpoint
 
 
 def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> "Run":
@@ -270,61 +264,41 @@ def start(script: Script, args, checkpoint, num_iterations: int, flags=None) -> 
     hyperparameters; num_envs: all workers'), seeds, device. flags: run_flags' flags, which checkpoints keep."""
     global WORKERS
     flags = args if flags is None else flags
-    try:
-        rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
-        torchrun = world_size > 1 or "LOCAL_RANK" in os.environ  # torchrun sets LOCAL_RANK; python does not
-        if torchrun and script.worker_share is None:
-            raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
-        cuda, workers = torch.cuda.is_available() and args.cuda, service("workers", "torchrun") if torchrun else None
-        if workers:  # this worker's GPU before anything touches CUDA (check_args does)
-            workers.take_gpu(cuda)
-        try:  # a bad flag is named as in a single process; one the script adjusted, with the value it was given
-            check_args(args, script)
-        except SystemExit as error:
-            given = script.defaults(flags)
-            adjusted = [f"--{name.replace('_', '-')} {getattr(given, name)} -> {getattr(args, name)}" for name in
-                        vars(given) if getattr(given, name) != getattr(args, name)
-                        and f"--{name.replace('_', '-')} {getattr(args, name)}" in str(error.code)]
-            raise SystemExit(f"{error.code} (adjusted from the flags: {', '.join(adjusted)})" if adjusted else
-                             error.code) from None
-        if workers:  # each worker's share of the envs, checked as a run of its own, before the workers join
-            workers.join(cuda, rank, world_size, flags.num_envs, args.num_envs, lambda rank: script.worker_share(
-                args, rank, world_size), lambda share: script.check_args(share, *check_spaces(args.env_id, script)))
-            WORKERS = workers  # the collectives below are workers.py's until the run ends
-        run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # its envs and seed
-        seed_everything(run_args.seed)
-        torch.backends.cudnn.deterministic = run_args.torch_deterministic
-        device, device_note = choose_device(args.cuda)
-        if args.bf16 and device.type == "cpu":  # docs/speed.md#--bf16-on-the-cpu
-            print("note: --bf16 on the CPU: an iteration 1.60x as fast with AMX, 0.84-1.54x with avx512_bf16 alone; "
-                  "emulated, the CNN 12-13x slower; benchmark/bf16.py times it here")
-        return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
-    except BaseException:
-        give_back_signals()
-        raise
+    rank, world_size = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))  # torchrun's
+    torchrun = world_size > 1 or "LOCAL_RANK" in os.environ  # torchrun sets LOCAL_RANK; python does not
+    if torchrun and script.worker_share is None:
+        raise SystemExit(f"{script.name} runs in a single process; start it with python, not torchrun.")
+    cuda, workers = torch.cuda.is_available() and args.cuda, service("workers", "torchrun") if torchrun else None
+    if workers:  # this worker's GPU before anything touches CUDA (check_args does)
+        workers.take_gpu(cuda)
+    try:  # a bad flag is named as in a single process; one the script adjusted, with the value it was given
+        check_args(args, script)
+    except SystemExit as error:
+        given = script.defaults(flags)
+        adjusted = [f"--{name.replace('_', '-')} {getattr(given, name)} -> {getattr(args, name)}" for name in
+                    vars(given) if getattr(given, name) != getattr(args, name)
+                    and f"--{name.replace('_', '-')} {getattr(args, name)}" in str(error.code)]
+        raise SystemExit(f"{error.code} (adjusted from the flags: {', '.join(adjusted)})" if adjusted else
+                         error.code) from None
+    if workers:  # each worker's share of the envs, checked as a run of its own, before the workers join
+        workers.join(cuda, rank, world_size, flags.num_envs, args.num_envs, lambda rank: script.worker_share(
+            args, rank, world_size), lambda share: script.check_args(share, *check_spaces(args.env_id, script)))
+        WORKERS = workers  # the collectives below are workers.py's until the run ends
+    run_args = script.worker_share(args, rank, world_size) if world_size > 1 else args  # its envs and seed
+    seed_everything(run_args.seed)
+    torch.backends.cudnn.deterministic = run_args.torch_deterministic
+    device, device_note = choose_device(args.cuda)
+    if args.bf16 and device.type == "cpu":  # docs/speed.md#--bf16-on-the-cpu
+        print("note: --bf16 on the CPU: an iteration 1.60x as fast with AMX, 0.84-1.54x with avx512_bf16 alone; "
+              "emulated, the CNN 12-13x slower; benchmark/bf16.py times it here")
+    return Run(script, flags, args, run_args, checkpoint, rank, world_size, device, device_note, num_iterations)
 
 
-def catch_signals() -> None:
-    """Ctrl-C and SIGTERM stop at once while a run starts (its flags, a checkpoint read, its checks); the handlers
-    before are kept in HANDLERS_BEFORE_START, for its Run to put back, or give_back_signals()."""
-    if LIVE_RUN is not None:  # a run of this process that an error ended: its handlers and lock let go, and what
-        try:  # else of it the error left closable
+def let_go_of_stale_run() -> None:
+    """A run of this process that an error ended (LIVE_RUN) lets go of its signal handlers, lock, envs, writers."""
+    if LIVE_RUN is not None:
+        with contextlib.suppress(Exception):
             LIVE_RUN.release()
-        except Exception:
-            pass
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            HANDLERS_BEFORE_START.setdefault(sig, signal.signal(sig, stop_at_once))
-
-
-def stop_at_once(signum, frame) -> None:
-    print(f"\n{signal.Signals(signum).name}: stopping now, before any training.", flush=True)
-    raise SystemExit(128 + signum)
-
-
-def give_back_signals() -> None:
-    for sig in list(HANDLERS_BEFORE_START):
-        signal.signal(sig, HANDLERS_BEFORE_START.pop(sig))
 
 
 def seed_everything(seed: int) -> None:
@@ -339,13 +313,11 @@ def plural(count: int, noun: str) -> str:
 
 
 def duration(seconds: float) -> str:
-    """A duration as people read it: "42 s", "3 min 20 s", "3 h 12 min", "20.2 d"."""
-    whole, minutes = round(seconds), round(seconds / 60)
-    if whole < 60:
-        return f"{whole} s"
-    if minutes < 60:
-        return f"{whole // 60} min {whole % 60} s"
-    return f"{minutes // 60} h {minutes % 60} min" if minutes < 24 * 60 else f"{seconds / 86400:.1f} d"
+    """A duration as people read it: "42 s", "3.3 min", "3.2 h", "20.2 d"."""
+    for size, unit in ((86400, "d"), (3600, "h"), (60, "min")):
+        if round(seconds / size, 1) >= 1:  # 59.6 s: "1.0 min"
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.0f} s"
 
 
 class Run:
@@ -367,8 +339,7 @@ class Run:
         self.origin = ("training made them so" if checkpoint is None else f"the run resumed from --resume "
                        f"{command_args.resume}, whose weights, statistics and env state it trained on")
         if threading.current_thread() is threading.main_thread():  # Ctrl-C and SIGTERM stop at the next safe point
-            previous = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-            self.old_handlers = {sig: HANDLERS_BEFORE_START.pop(sig, handler) for sig, handler in previous.items()}
+            self.old_handlers = {sig: signal.signal(sig, self.on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         global LIVE_RUN
         LIVE_RUN = self
 
@@ -397,7 +368,6 @@ class Run:
         if args.eval_every or args.capture_video:  # check_args imported evaluation.py
             lines.update(sys.modules["evaluation"].described(args, self.run_dir))
         print_startup(script, args.env_id, self.device_note, self.run_dir, lines)
-        suggest_recipe(self.hyperparameters, script)
         before, after = script.defaults(flags), self.hyperparameters  # what the script adjusted, said once
         self.adjusted = "\n".join(f"  {name}: {getattr(before, name)} -> {getattr(after, name)}" for name in
                                   vars(before) if getattr(before, name) != getattr(after, name))
@@ -441,22 +411,17 @@ class Run:
         self.refuse(f"its {key} {meaning}, which no run's does" if key in self.keys and not valid(value) else None)
         return value
 
-    def refuse(self, reason: Optional[str]):
-        """Stop, in one sentence and before any training, a resume from a checkpoint that no run writes (reason None:
-        go on, where every torchrun worker found none)."""
-        self.stop_if_refused(reason and f"--resume {self.command_args.resume}: {reason}: it is not this run's.")
-
-    def stop_if_refused(self, refusal: Optional[str]) -> None:
-        """Stop every worker with the first worker's refusal, if any refused (torchrun: agreed in one collective, so
-        that every worker says it and none trains); let go of what open() took, the lock included."""
+    def refuse(self, reason: Optional[str], sentence: Optional[str] = None) -> None:
+        """Stop every worker, before any training, where any refused a resume (torchrun: agreed in one collective):
+        with the first one's `sentence`, or "--resume PATH: {reason}: it is not this run's."; both None: go on."""
+        refusal = sentence or reason and f"--resume {self.command_args.resume}: {reason}: it is not this run's."
         if WORKERS:  # the first refusal of any worker, in rank order
             refusal = next((refusal for refusal in WORKERS.every_workers(refusal) if refusal is not None), None)
         if refusal is not None:
             stop_run(refusal)
 
     def check_policy(self, pi) -> None:
-        """Stop in one sentence where the policy's outputs (pi) are not finite, before any action is sampled
-        (torchrun: every worker, where any worker's are not)."""
+        """Stop in one sentence where the policy's outputs (pi) are not finite: every worker, where any worker's are."""
         check_policy(pi, f" in iteration {self.last_safe_iteration + 1:,}: {self.origin}", any_worker)
 
     def after_step(self, global_step: int, info: dict) -> None:
@@ -507,8 +472,7 @@ class Run:
             self.stop(iteration, global_step)
 
     def save(self, file_name, iteration, global_step, next_obs, next_done, **extra) -> None:
-        """Write a checkpoint into the run directory. torchrun: every worker calls it; rank 0 writes one file that
-        holds every worker's envs, random state and statistics (under "workers", rank 1 on)."""
+        """Write a checkpoint into the run directory; torchrun: rank 0 writes every worker's part ("workers": 1 on)."""
         self.writer.flush()  # the logs up to the checkpoint are on disk before it is
         checkpoint = make_checkpoint(
             self.command_args, self.saved, self.envs, next_obs, next_done, global_step=global_step,
@@ -545,12 +509,9 @@ class Run:
         LIVE_RUN, workers, WORKERS = None, WORKERS, None
         for sig, handler in self.old_handlers.items():
             signal.signal(sig, handler)
-        for fd in (self.lock, self.dir_fd):  # the lock goes with its file
-            if fd is not None:
-                os.close(fd)
-        for envs in (self.envs, self.eval_envs):
-            if envs is not None:
-                envs.close()
+        for part in (self.lock, self.dir_fd, self.envs, self.eval_envs):  # fds (the lock goes with its file), envs
+            if part is not None:
+                os.close(part) if isinstance(part, int) else part.close()
         self.writer.close()
         if self.wandb_run_id is not None:
             sys.modules["tracking"].finish()
@@ -596,8 +557,7 @@ def evaluate(args, script: Script) -> dict:
 
 
 def service(module: str, flag: str):
-    """A service's module (checkpoints.py, ...), imported only where a run asks for it (flag); where its file, or that
-    of one it imports (resume.py: checkpoints.py), is not beside the scripts, one sentence says to copy it."""
+    """A service's module, imported where a run asks (flag); where it or checkpoints.py is absent, one sentence."""
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
@@ -608,8 +568,7 @@ def service(module: str, flag: str):
 
 
 def open_run_dir(run_dir: str) -> tuple:
-    """(run_dir opened once, never through a link; its run.lock, locked while the run lives): one writer per run
-    directory, a second refused. A dead run's lock is let go (by the kernel; in this process, at the next start)."""
+    """(run_dir opened once, never through a link; its run.lock, locked while the run lives): one writer at a time."""
     opened = []
     try:
         opened.append(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
@@ -643,8 +602,7 @@ class Saved:
 
 
 def make_checkpoint(args, saved: Saved, envs, next_obs, next_done, **keys) -> dict:
-    """The one format, tensors and plain data only: Args, `saved`'s states, the env stack's normalizers and state
-    (env_state), the random state, and `keys` (global_step, iteration, ..., and a script's own)."""
+    """Tensors and plain data: Args, `saved`'s states, the envs' statistics and state, the random state, `keys`."""
     return {"args": dataclasses.asdict(args),
             "models": {name: model.state_dict() for name, model in saved.models.items()},
             "optimizers": {name: optimizer.state_dict() for name, optimizer in saved.optimizers.items()},
@@ -700,9 +658,8 @@ def model_bytes(checkpoint: dict, policy: str) -> bytes:
 
 
 def write_file(path: str, data: bytes, dir_fd: Optional[int] = None) -> None:
-    """`data` into a file made (O_CREAT | O_EXCL | O_NOFOLLOW) under a random name in path's directory (dir_fd: the
-    run's, opened once), synced, renamed onto path: never a torn file, a link replaced, not followed. A full disk is
-    one sentence, path's file kept. One writer per run directory: a killed writer's temporary files are removed."""
+    """`data` into a new file under a random name in path's directory (dir_fd: the run's, opened once), synced, renamed
+    onto path: never a torn file, a link replaced, not followed; a full disk one sentence; a killed write's removed."""
     directory, name = os.path.split(path)
     temporary = f".{name}.{secrets.token_hex(8)}.tmp"  # 64 random bits: never planted
     try:
@@ -755,8 +712,8 @@ def rng_state() -> dict:
 
 
 def env_normalizers(envs) -> dict:
-    """The running statistics in a vector env stack, {name: (wrapper, RunningMeanStd)}: "reward" (vector
-    NormalizeReward) and "obs_{i}" (NormalizeObservation of sub-env i, or a vector wrapper's obs_rms[i])."""
+    """A vector env stack's running statistics, {name: (wrapper, RunningMeanStd)}: "reward" (vector NormalizeReward),
+    "obs_{i}" (sub-env i's NormalizeObservation, or a vector wrapper's obs_rms[i])."""
     found, env = {}, envs
     while isinstance(env, gym.vector.VectorWrapper):
         if isinstance(env, gym.wrappers.vector.NormalizeReward):
@@ -776,15 +733,6 @@ def normalizer_states(envs) -> dict:
     """{name: {"mean", "var", "count"}} of the running statistics in a vector env stack (see env_normalizers)."""
     return {name: {"mean": torch.as_tensor(rms.mean), "var": torch.as_tensor(rms.var), "count": float(rms.count)}
             for name, (_, rms) in env_normalizers(envs).items()}
-
-
-def apply_normalizers(normalizers: dict, states: dict, freeze: bool = False) -> None:
-    """Put statistics (checked) into an env stack's normalizers ({name: (wrapper, rms)}); `freeze` stops them."""
-    for name, (wrapper, rms) in normalizers.items():
-        if name in states:
-            mean, var, count = states[name]["mean"], states[name]["var"], states[name]["count"]
-            rms.mean, rms.var, rms.count = np.array(mean.numpy()), np.array(var.numpy()), count
-        wrapper.update_running_mean = not freeze
 
 
 # The env stack's state, written as plain data, layer by layer: each wrapper, the vector env, and each sub-env's
@@ -860,7 +808,7 @@ def check_args(args, script: Script) -> None:
                          f"vector ones, whose MLP it would not speed up (docs/speed.md).")
     script.check_args(args, observation_space, action_space)  # its own flags, and its buffers against the memory
     eval_envs = args.eval_episodes if args.eval_every else 0  # one env an episode, kept between marks
-    check_memory((args.num_envs + eval_envs) * env_bytes(args.env_id, script.procgen_games), False,
+    check_memory((args.num_envs + eval_envs) * ENV_BYTES, False,
                  f"The {plural(args.num_envs, 'env')}" + (f" and {eval_envs:,} evaluation envs" if eval_envs else ""),
                  "--num-envs" + (" or --eval-episodes" if eval_envs else ""))
     iteration = args.num_envs * args.num_steps
@@ -877,7 +825,7 @@ def check_args(args, script: Script) -> None:
 
 def check_ranges(args, ranges: dict, prefix: str = "") -> None:
     """Each flag in `ranges` (name -> interval such as "(0, 1]") lies in its interval; unset (None) passes. prefix:
-    where the flags come from, when not from the command line. Then the flags whose bound is this machine's."""
+    where the flags come from, when not from the command line."""
     for name, interval in ranges.items():
         value, (low, high) = getattr(args, name), (float(bound) for bound in interval[1:-1].split(","))
         if value is not None and not ((low <= value if interval[0] == "[" else low < value)
@@ -885,21 +833,15 @@ def check_ranges(args, ranges: dict, prefix: str = "") -> None:
             raise SystemExit(f"{prefix}--{name.replace('_', '-')} must be in {interval}, got {reprlib.repr(value)}.")
         if type(value) is int and abs(value) > 2**53:  # where float arithmetic rounds it, and tensors overflow
             raise SystemExit(f"{prefix}--{name.replace('_', '-')} must be at most 2**53, got {reprlib.repr(value)}.")
-    if args.torch_threads > os.cpu_count():  # more threads than cores only contend
-        raise SystemExit(f"{prefix}--torch-threads must be at most this machine's {os.cpu_count()} cores, got "
-                         f"{args.torch_threads}.")
 
 
 def check_spaces(env_id: str, script: Script) -> tuple:
     """(observation space, action space) of --env-id, once the script is known to accept both."""
     observation_space, action_space = env_spaces(env_id, script.procgen_games)
     types, needed = ACCEPTED_ACTIONS[script.actions]
-    if not isinstance(action_space, types):
+    if not isinstance(action_space, types) or np.ndim(getattr(action_space, "nvec", [0])) != 1 or np.any(
+            getattr(action_space, "start", 0) != 0):
         raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs {needed}.")
-    if isinstance(action_space, gym.spaces.MultiDiscrete) and action_space.nvec.ndim != 1:
-        raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs a 1-D MultiDiscrete.")
-    if np.any(getattr(action_space, "start", 0) != 0):
-        raise SystemExit(f"--env-id {env_id} has {action_space} actions; {script.name} needs them to start at 0.")
     if not boxes_only(observation_space):
         raise SystemExit(f"--env-id {env_id} has {observation_space} observations; {script.name} needs a Box, or a "
                          f"Dict or Tuple of Boxes (flattened into one vector).")
@@ -923,27 +865,6 @@ def env_spaces(env_id: str, procgen_games=()) -> tuple:
                          f"{str(error).splitlines()[0] if str(error) else ''}") from None
     env.close()
     return env.observation_space, env.action_space
-
-
-def env_bytes(env_id: str, procgen_games=()) -> int:
-    """What one env holds: the resident memory that a second gym.make and reset add (the first imports its code),
-    doubled for wrappers and buffers, at least ENV_BYTES_FLOOR (MuJoCo's 1.1 MiB, CartPole's 6 KiB); Procgen's a MiB."""
-    if env_id in procgen_games:
-        return PROCGEN_ENV_BYTES
-
-    def resident() -> int:  # this process's resident memory (Linux's /proc/self/statm counts pages); 0 elsewhere
-        if not os.path.exists("/proc/self/statm"):
-            return 0
-        with open("/proc/self/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-    first, before = gym.make(env_id), resident()
-    second = gym.make(env_id)
-    second.reset(seed=0)
-    grown = resident() - before
-    first.close()
-    second.close()
-    return max(2 * grown, ENV_BYTES_FLOOR)
 
 
 def check_minibatches(num_steps, num_envs, num_minibatches, shuffle_samples) -> None:
@@ -977,23 +898,12 @@ def available_memory(cuda: bool) -> dict:
     return available
 
 
-def suggest_recipe(args, script: Script) -> None:
-    """A non-Procgen env run with the Procgen-sized defaults: say so, and where the script's recipes are."""
-    defaults = script.args_type()
-    if args.env_id not in script.procgen_games and defaults.env_id in script.procgen_games and (
-            args.num_envs, args.num_steps) == (defaults.num_envs, defaults.num_steps):
-        print(f"note: --env-id {args.env_id} runs with the Procgen sizes ({args.num_envs} envs x {args.num_steps} "
-              f"steps, gamma {args.gamma}); `python {script.name} --help` opens with recipes for such envs")
-
-
 # ---------------------------------------------------------------------------- device, CPU, run directory
 def choose_device(cuda: bool) -> tuple:
     """(device, a note saying which one and why)."""
     if cuda and torch.cuda.is_available():
         return torch.device("cuda"), f"cuda ({torch.cuda.get_device_name()})"
-    if cuda:
-        return torch.device("cpu"), "cpu (no GPU is available, so --cuda falls back to the CPU)"
-    return torch.device("cpu"), "cpu (--no-cuda)"
+    return torch.device("cpu"), "cpu (no GPU is available: --cuda falls back to the CPU)" if cuda else "cpu (--no-cuda)"
 
 
 def tune_cpu(device, torch_threads: int, obs_shape) -> None:
@@ -1010,8 +920,7 @@ def tune_cpu(device, torch_threads: int, obs_shape) -> None:
 
 
 def make_run_dir(args, name: str) -> str:
-    """runs/{name}__{time}, made only now that every check passed, and never one that exists: two runs started in
-    the same second get __{time} and __{time}_1. A resumed run keeps its own directory (resume.py checked it)."""
+    """runs/{name}__{time} (__{time}_1: a second run that second), made once every check passed; a resumed run's own"""
     if args.resume is not None:
         return os.path.dirname(args.resume) or "."
     base, suffix = os.path.join("runs", f"{name}__{int(time.time())}"), 0
@@ -1037,9 +946,7 @@ def print_startup(script: Script, env_id: str, device_note: str, run_dir: str, l
 
 
 class Writer:
-    """The run's TensorBoard writer (summary), once its logs open (Run.restore: a resume known to fit); until then, and
-    on the torchrun workers other than rank 0, every call does nothing."""
-
+    """TensorBoard's writer (summary) once the logs open (Run.restore); before, and on other torchrun ranks, nothing"""
     summary = None
 
     def __getattr__(self, name):
@@ -1047,8 +954,7 @@ class Writer:
 
 
 class Progress:
-    """Env steps, the mean return of the last 100 episodes, what the run is doing, SPS and ETA (of whole iterations):
-    a line every PROGRESS_EVERY seconds (10 on a terminal), so that logs of CI or `> log.txt` are not flooded."""
+    """A line every PROGRESS_EVERY s (10 on a terminal): steps, the last 100 episodes' mean return, status, SPS, ETA."""
 
     def __init__(self, total_steps: int, start_step: int):
         self.total, self.start_step, self.start_time = total_steps, start_step, time.monotonic()
@@ -1060,11 +966,9 @@ class Progress:
         if force or now - self.last_line >= self.every:
             self.last_line = now
             text = "mean_return " + (f"{float(np.mean(episode_returns)):.2f}" if episode_returns else "-") + "  "
-            if self.done is None:
-                text += "in the first iteration"
-            else:
-                sps = (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
-                text += f"SPS {sps:,.0f}  ETA {duration((self.total - step) / max(sps, 1e-9))}"
+            sps = self.done and (self.done[0] - self.start_step) / max(self.done[1] - self.start_time, 1e-9)
+            text += f"SPS {sps:,.0f}  ETA {duration((self.total - step) / max(sps, 1e-9))}" if self.done else \
+                "in the first iteration"
             print(f"step {step:,}/{self.total:,} ({100 * step / self.total:.0f}%)  {text}"
                   f"{'  ' + self.status if self.status else ''}  elapsed {duration(now - self.start_time)}", flush=True)
 
@@ -1114,8 +1018,7 @@ def any_worker(flag: bool) -> bool:
 
 
 def gather_episodes(episodes):
-    """Every worker's list of (step, return, length), merged in step order (TensorBoard discards a tag's points
-    logged after a smaller step). One process: the list itself."""
+    """Every worker's (step, return, length) in step order, as TensorBoard keeps them. One process: episodes."""
     if not WORKERS:
         return episodes
     return sorted((episode for worker in WORKERS.every_workers(episodes) for episode in worker), key=lambda e: e[0])

@@ -104,7 +104,7 @@ def check_run_dir(run_dir: str, source: str) -> None:
 # ------------------------------------------------------------------------------------------ restoring a run
 def restore(run, next_obs, next_done, batch_size: int, harness) -> tuple:
     """harness.Run.restore with --resume: this worker's part of the checkpoint (its envs, random state, statistics)
-    put back into run.saved and the envs (restore_run); any worker's refusal stops all (run.stop_if_refused).
+    put back into run.saved and the envs (restore_run); any worker's refusal stops all (run.refuse).
     Returns (global_step, first iteration, next_obs, next_done)."""
     refusal, part = None, worker_view(run.checkpoint, run.rank)
     try:
@@ -114,7 +114,7 @@ def restore(run, next_obs, next_done, batch_size: int, harness) -> tuple:
         run.episode_returns.extend(returns)
     except SystemExit as error:
         refusal = str(error.code)
-    run.stop_if_refused(refusal)
+    run.refuse(None, refusal)
     return global_step, first_iteration, next_obs, next_done
 
 
@@ -160,7 +160,10 @@ def restore_run(checkpoint, saved, envs, next_obs, next_done, source: str, batch
     else:  # the freshly reset envs start new episodes (this also restarts the discounted returns of reward scaling)
         print(f"note: --resume: the envs restart with new episodes ({restarts}).")
         next_done = torch.ones_like(next_done)
-    harness.apply_normalizers(harness.env_normalizers(envs), env_normalizer_states)
+    for name, (_, rms) in harness.env_normalizers(envs).items():  # statistics that go on updating
+        if name in env_normalizer_states:
+            state = env_normalizer_states[name]
+            rms.mean, rms.var, rms.count = np.array(state["mean"]), np.array(state["var"]), state["count"]
     with refused("rng", source):
         set_rng_state(rng)
     return global_step, iteration + 1, next_obs, next_done, returns, copied(keys)

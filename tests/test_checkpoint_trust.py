@@ -517,13 +517,13 @@ def test_what_the_run_holds_is_checked_against_the_memory_before_anything_is_bui
          r"The 2 envs and 300,000 evaluation envs need .* GiB but only 1\.0 GiB of memory is available; lower "
          r"--num-envs or --eval-episodes\.$"),
         (lambda args: args.update(torch_threads=2000),
-         rf"the checkpoint's flag --torch-threads must be at most this machine's {os.cpu_count()} cores, got 2000\.$"),
-        (lambda args: args.update(torch_threads=2**31), r"--torch-threads must be at most"),
+         rf"the checkpoint's flag --torch-threads must be in \[0, {os.cpu_count()}\], got 2000\.$"),  # the cores
+        (lambda args: args.update(torch_threads=2**31), r"--torch-threads must be in"),
     ]:
         craft(lambda checkpoint: edit(checkpoint["args"]))
         with pytest.raises(SystemExit, match=message):
             ppo_ewma.train(ppo_ewma.Args(resume=path))
-    with pytest.raises(SystemExit, match=rf"^--torch-threads must be at most this machine's {os.cpu_count()} cores"):
+    with pytest.raises(SystemExit, match=rf"^--torch-threads must be in \[0, {os.cpu_count()}\], got 2000\.$"):
         ppo_ewma.train(ppo_ewma.Args(**TINY, torch_threads=2000))
 
 
@@ -911,7 +911,7 @@ def test_the_walk_of_a_run_directory_is_bounded_and_says_every_name_escaped(stop
 
 
 # 8 ---------------------------------------------------------------------------------- a signal while it loads
-def test_a_signal_while_a_checkpoint_is_read_stops_at_once_in_one_line(stopped, monkeypatch, capsys):
+def test_a_signal_while_a_checkpoint_is_read_stops_at_once(stopped, monkeypatch):
     path, _ = stopped
     before = signal.getsignal(signal.SIGINT)
     real_read = checkpoints.read
@@ -923,11 +923,9 @@ def test_a_signal_while_a_checkpoint_is_read_stops_at_once_in_one_line(stopped, 
     monkeypatch.setattr(checkpoints, "read", slow_read)
     for args in (ppo_ewma.Args(resume=path), ppo_ewma.Args(eval_checkpoint=path)):
         started = time.monotonic()
-        with pytest.raises(SystemExit) as stopped_by:
+        with pytest.raises(KeyboardInterrupt):  # Python's own, as before any run starts
             ppo_ewma.train(args)
-        assert stopped_by.value.code == 130 and time.monotonic() - started < 4
-        assert capsys.readouterr().out.splitlines()[-1] == "SIGINT: stopping now, before any training."
-        assert signal.getsignal(signal.SIGINT) is before  # given back
+        assert time.monotonic() - started < 4 and signal.getsignal(signal.SIGINT) is before
 
 
 # 9 ----------------------------------------------------------- the run directory swapped while the run trains

@@ -185,9 +185,9 @@ def test_progress_line_counts_whole_iterations_and_says_what_the_update_is_doing
     lines = capsys.readouterr().out.splitlines()
     assert lines == [
         "step 200/1,000 (20%)  mean_return 2.00  in the first iteration  updating: epoch 2/2  elapsed 40 s",
-        # ETA = (1000 - 300) steps / (200 / 60 steps a second) = 210 s
-        "step 300/1,000 (30%)  mean_return 3.00  SPS 3  ETA 3 min 30 s  elapsed 1 min 10 s",
-        "step 400/1,000 (40%)  mean_return 3.00  SPS 3  ETA 3 min 0 s  elapsed 1 min 20 s",
+        # ETA = (1000 - 300) steps / (200 / 60 steps a second) = 210 s = 3.5 min; elapsed 70 s = 1.2 min
+        "step 300/1,000 (30%)  mean_return 3.00  SPS 3  ETA 3.5 min  elapsed 1.2 min",
+        "step 400/1,000 (40%)  mean_return 3.00  SPS 3  ETA 3.0 min  elapsed 1.3 min",
     ]
 
 
@@ -208,9 +208,9 @@ def test_a_terminal_gets_a_line_every_10_seconds(monkeypatch):
 
 
 def test_durations_read_as_people_read_them():
-    # the main job's ETA on a CPU, 1,747,442 s = 20.2 days; 3 h 12 min = 11,520 s
-    assert [harness.duration(s) for s in (42, 200, 11_520, 1_747_442)] == ["42 s", "3 min 20 s", "3 h 12 min", "20.2 d"]
-    assert [harness.duration(s) for s in (59.6, 3599.6, 86_399)] == ["1 min 0 s", "1 h 0 min", "1.0 d"]  # rounded up
+    # the main job's ETA on a CPU, 1,747,442 s / 86,400 = 20.2 days; 200 s / 60 = 3.3 min; 11,520 s / 3,600 = 3.2 h
+    assert [harness.duration(s) for s in (42, 200, 11_520, 1_747_442)] == ["42 s", "3.3 min", "3.2 h", "20.2 d"]
+    assert [harness.duration(s) for s in (59.6, 3599.6, 86_399)] == ["1.0 min", "1.0 h", "1.0 d"]  # rounded up
 
 
 def test_tune_cpu_picks_threads_by_torso():
@@ -457,20 +457,6 @@ def test_a_flag_the_script_adjusted_is_named_with_the_value_it_was_given(tmp_pat
     assert not os.path.exists("runs")
 
 
-def test_a_vector_env_with_the_procgen_sizes_is_pointed_to_the_recipes(capsys):
-    import ppo_ewma
-
-    harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1"), ppo_ewma.SCRIPT)
-    assert capsys.readouterr().out == (
-        "note: --env-id Acrobot-v1 runs with the Procgen sizes (256 envs x 256 steps, gamma 0.999); `python "
-        "ppo_ewma.py --help` opens with recipes for such envs\n")
-    assert "\n    python ppo_ewma.py --env-id CartPole-v1 " in ppo_ewma.__doc__  # --help's text: the docstring
-    harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_envs=8), ppo_ewma.SCRIPT)  # sizes chosen: quiet
-    harness.suggest_recipe(ppo_ewma.Args(env_id="Acrobot-v1", num_steps=128), ppo_ewma.SCRIPT)
-    harness.suggest_recipe(ppo_ewma.Args(), ppo_ewma.SCRIPT)  # Procgen
-    assert capsys.readouterr().out == ""
-
-
 def test_an_unknown_env_id_is_refused_with_the_closest_name(tmp_path, monkeypatch):
     import ppo_ewma
 
@@ -523,9 +509,9 @@ def test_spaces_that_cannot_be_taken_are_refused_in_one_sentence(tmp_path, monke
     cases = [
         (ppo_ewma, "FrozenLake-v1", r"^--env-id FrozenLake-v1 has Discrete\(16\) observations; ppo_ewma\.py needs a "
                                     r"Box, or a Dict or Tuple of Boxes \(flattened into one vector\)\.$"),
-        (vmpo, "user_envs:DictMultiDiscrete-v0", r"has MultiDiscrete\(\[2 3\]\) actions; vmpo\.py needs Discrete or "
-                                                 r"Box actions\.$"),
-        (ppo_er, "user_envs:Grid2D-v0", r"has Discrete\(2\) actions; ppo_er\.py needs continuous \(Box\) actions\.$"),
+        (vmpo, "user_envs:DictMultiDiscrete-v0", r"has MultiDiscrete\(\[2 3\]\) actions; vmpo\.py needs Discrete "
+                                                 r"actions counted from 0, or Box ones\.$"),
+        (ppo_er, "user_envs:Grid2D-v0", r"has Discrete\(2\) actions; ppo_er\.py needs Box actions\.$"),
         (ppo_ewma, "no_such_module:Env-v0", r"^--env-id 'no_such_module:Env-v0' cannot be made: ModuleNotFoundError: "
                                             r"No module named 'no_such_module'\. [^\n]*$"),
     ]
@@ -536,6 +522,21 @@ def test_spaces_that_cannot_be_taken_are_refused_in_one_sentence(tmp_path, monke
     with pytest.raises(SystemExit, match=r"^--track needs the wandb package, which is not installed: pip install "):
         ppo_ewma.train(ppo_ewma.Args(**TINY, track=True))
     assert not os.path.exists("runs")
+
+
+def test_integer_actions_counted_from_elsewhere_or_a_multidiscrete_of_more_dimensions_are_refused(monkeypatch):
+    import ppo_ewma
+
+    box = gym.spaces.Box(-1, 1, (3,))
+    for actions in (gym.spaces.Discrete(3, start=1), gym.spaces.MultiDiscrete([2, 2], start=[0, 1]),
+                    gym.spaces.MultiDiscrete([[2, 2], [2, 2]]), gym.spaces.MultiDiscrete(3)):
+        monkeypatch.setattr(harness, "env_spaces", lambda env_id, games: (box, actions))
+        with pytest.raises(SystemExit, match=r"actions; ppo_ewma\.py needs Discrete or 1-D MultiDiscrete actions "
+                                             r"counted from 0, or Box ones\.$"):
+            harness.check_spaces("X-v0", ppo_ewma.SCRIPT)
+    for actions in (gym.spaces.Discrete(3), gym.spaces.MultiDiscrete([2, 3]), box):  # counted from 0, 1-D: taken
+        monkeypatch.setattr(harness, "env_spaces", lambda env_id, games: (box, actions))
+        assert harness.check_spaces("X-v0", ppo_ewma.SCRIPT) == (box, actions)
 
 
 @pytest.mark.parametrize("script, env_id", [("ppo_ewma", "user_envs:DictMultiDiscrete-v0"),

@@ -179,7 +179,7 @@ def test_resumed_run_logs_what_the_uninterrupted_run_logs(tmp_path, monkeypatch,
                              r"unrolls from their stored states\.$"),  # M > N would cut unrolls into time chunks
     ({"num_envs": 3}, r"^--num-minibatches 2 must divide --num-envs 3"),
     ({"env_id": "user_envs:DictMultiDiscrete-v0"}, r"has MultiDiscrete\(\[2 3\]\) actions; ppo_ewma_rnn\.py needs "
-                                                   r"Discrete or Box actions"),
+                                                   r"Discrete actions counted from 0, or Box ones\.$"),
 ])
 def test_what_the_replay_cannot_take_is_refused_before_any_work(tmp_path, monkeypatch, change, message):
     import user_envs  # noqa: F401, registers the envs
