@@ -13,7 +13,7 @@ flattened observations, chunked passes). A script describes itself in a `Script`
     return run.finish(iteration, global_step, ...)    # model.safetensors, closing line
 
 What only some runs use is a module imported where a flag asks (service()) and handed this one: checkpoints.py
-(reading), resume.py, evaluation.py (and video), workers.py (torchrun), tracking.py (W&B). No script, no algorithm here.
+(reading), resume.py, evaluation.py (and video), workers.py (torchrun), tracking.py (W&B). It imports no script.
 """
 import contextlib
 import ctypes
@@ -98,9 +98,9 @@ class RunArgs:
     """evaluation and video act with the policy's mode (the argmax; the Gaussian's mean), not as in training"""
     capture_video: bool = False
     """record videos into the run directory's videos/: env 0's episodes 0, 1, 8, 27, ..., 729, then every 1000th; with
-    --eval-checkpoint every episode (needs moviepy, and pygame or a headless OpenGL: docs/running.md)"""
+    --eval-checkpoint every episode (needs evaluation.py, moviepy, and pygame or a headless OpenGL: docs/running.md)"""
     track: bool = False
-    """log the run to Weights & Biases (needs wandb); --resume continues its W&B run where --track is given again"""
+    """log the run to Weights & Biases (needs wandb, tracking.py); --resume continues its W&B run given --track"""
     wandb_project_name: str = "policy-optimization"
     """the W&B project of --track"""
     wandb_entity: Optional[str] = None
@@ -234,8 +234,7 @@ def obs_dtype(envs) -> torch.dtype:
 
 @torch.no_grad()
 def in_chunks(forward: Callable, obs, chunk_size: int):
-    """forward(obs) without gradient, chunk_size rows at a time: the same numbers as one pass. On the CPU this
-    bounds a pass's memory to chunk_size frames' activations (64 frames: 16 MiB per layer) and is no slower."""
+    """forward(obs) without gradient, chunk_size rows at a time: one pass's numbers, its memory bounded, no slower."""
     return torch.cat([forward(obs[start:start + chunk_size]) for start in range(0, len(obs), chunk_size)])
 
 
@@ -394,7 +393,7 @@ class Run:
             # a resumed run hides what its first life logged after the checkpoint (purge_step)
             self.writer.summary = SummaryWriter(self.run_dir, purge_step=global_step + 1 if self.checkpoint else None)
             if self.checkpoint is None:
-                table = "\n".join(f"|{k}|{v}|" for k, v in vars(self.args).items())
+                table = "\n".join(f"|{k}|{v}|" for k, v in vars(self.hyperparameters).items())  # all workers'
                 self.writer.add_text("hyperparameters", f"|param|value|\n|-|-|\n{table}")
                 if self.adjusted:
                     self.writer.add_text("adjusted", self.adjusted.replace("\n", "  \n"))
@@ -557,14 +556,15 @@ def evaluate(args, script: Script) -> dict:
 
 
 def service(module: str, flag: str):
-    """A service's module, imported where a run asks (flag); where it or checkpoints.py is absent, one sentence."""
+    """A service's module, imported where a run asks (flag); a file it needs absent, one sentence naming them all."""
+    needs = dict.fromkeys([module, *(["checkpoints"] if flag in ("--resume", "--eval-checkpoint") else [])])
     try:
         return importlib.import_module(module)
     except ModuleNotFoundError as error:
-        if error.name not in (module, "checkpoints"):
+        if error.name not in needs:
             raise
-        raise SystemExit(f"{flag} needs {error.name}.py beside the script, and it is not there: copy it from this "
-                         f"project.") from None
+        raise SystemExit(f"{flag} needs {' and '.join(name + '.py' for name in needs)} beside the script, and "
+                         f"{error.name}.py is not there: copy it from this project.") from None
 
 
 def open_run_dir(run_dir: str) -> tuple:
@@ -588,8 +588,7 @@ def open_run_dir(run_dir: str) -> tuple:
 # in its metadata, under "checkpoint" or "model". JSON lacks tuples, int keys and inf: they are tagged (encoded()).
 @dataclass
 class Saved:
-    """The script's objects that a checkpoint holds, each {name: object}, None entries left out; keys: the script's own
-    values, {name: this run's start value}, a resumed run's from the checkpoint (run.restored)."""
+    """The script's objects a checkpoint holds, {name: object} (None left out); keys: its own values (run.restored)."""
 
     models: dict  # modules (their state dicts)
     optimizers: dict  # optimizers (their state dicts)
@@ -949,8 +948,9 @@ class Writer:
     """TensorBoard's writer (summary) once the logs open (Run.restore); before, and on other torchrun ranks, nothing"""
     summary = None
 
-    def __getattr__(self, name):
-        return getattr(self.summary, name) if self.summary is not None else lambda *args, **kwargs: None
+    def __getattr__(self, name):  # a name SummaryWriter lacks fails on every rank
+        method = getattr(SummaryWriter if self.summary is None else self.summary, name)
+        return method if self.summary is not None else lambda *args, **kwargs: None
 
 
 class Progress:

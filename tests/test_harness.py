@@ -207,6 +207,13 @@ def test_a_terminal_gets_a_line_every_10_seconds(monkeypatch):
         "step 163,840/100,000,000 (0%)  mean_return -1234.56  in the first iteration  elapsed 20 s"]
 
 
+def test_a_writer_that_does_not_log_yet_still_refuses_a_misspelt_call():
+    writer = harness.Writer()  # before the logs open, and on torchrun's ranks other than 0
+    assert writer.add_scalar("charts/SPS", 1, 0) is None
+    with pytest.raises(AttributeError, match="add_scalr"):
+        writer.add_scalr("charts/SPS", 1, 0)
+
+
 def test_durations_read_as_people_read_them():
     # the main job's ETA on a CPU, 1,747,442 s / 86,400 = 20.2 days; 200 s / 60 = 3.3 min; 11,520 s / 3,600 = 3.2 h
     assert [harness.duration(s) for s in (42, 200, 11_520, 1_747_442)] == ["42 s", "3.3 min", "3.2 h", "20.2 d"]
@@ -720,27 +727,27 @@ def test_a_plain_run_of_each_script_needs_it_and_harness_alone(tmp_path):
         assert len(played["returns"]) == 1 and played["global_step"] == int(global_step)
 
 
-@pytest.mark.parametrize("flags, module, flag", [
-    (dict(resume="runs/x/checkpoint.safetensors"), "resume", "--resume"),
-    (dict(resume="runs/x/checkpoint.safetensors"), "checkpoints", "--resume"),  # which resume.py imports
-    (dict(eval_checkpoint="model.safetensors"), "evaluation", "--eval-checkpoint"),
-    (dict(eval_checkpoint="model.safetensors"), "checkpoints", "--eval-checkpoint"),
-    (dict(TINY, track=True), "tracking", "--track"),
-    (dict(TINY, capture_video=True), "evaluation", "--capture-video"),
-    (dict(TINY, eval_every=64), "evaluation", "--eval-every"),
+@pytest.mark.parametrize("flags, module, flag, files", [  # files: every file the flag needs, named at once
+    (dict(resume="runs/x/checkpoint.safetensors"), "resume", "--resume", "resume.py and checkpoints.py"),
+    (dict(resume="runs/x/checkpoint.safetensors"), "checkpoints", "--resume", "resume.py and checkpoints.py"),
+    (dict(eval_checkpoint="model.safetensors"), "evaluation", "--eval-checkpoint", "evaluation.py and checkpoints.py"),
+    (dict(eval_checkpoint="model.safetensors"), "checkpoints", "--eval-checkpoint", "checkpoints.py"),
+    (dict(TINY, track=True), "tracking", "--track", "tracking.py"),
+    (dict(TINY, capture_video=True), "evaluation", "--capture-video", "evaluation.py"),
+    (dict(TINY, eval_every=64), "evaluation", "--eval-every", "evaluation.py"),
 ])
 def test_a_service_asked_for_without_its_file_is_one_sentence_before_any_work(tmp_path, monkeypatch, flags, module,
-                                                                              flag):
+                                                                              flag, files):
     import ppo_ewma
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delitem(sys.modules, "resume", raising=False)  # imported afresh, as in a new process
     monkeypatch.setitem(sys.modules, module, None)  # as if its file were not beside the script
-    with pytest.raises(SystemExit, match=rf"^{flag} needs {module}\.py beside the script, and it is not there: copy "
-                                         rf"it from this project\.$"):
+    with pytest.raises(SystemExit, match=rf"^{flag} needs {files} beside the script, and {module}\.py is not there: "
+                                         rf"copy it from this project\.$"):
         ppo_ewma.train(ppo_ewma.Args(**flags))
     monkeypatch.setenv("LOCAL_RANK", "0")  # torchrun's, with one worker
     monkeypatch.setitem(sys.modules, "workers", None)
-    with pytest.raises(SystemExit, match=r"^torchrun needs workers\.py beside the script, and it is not there"):
+    with pytest.raises(SystemExit, match=r"^torchrun needs workers\.py beside the script, and workers\.py is not "):
         ppo_ewma.train(ppo_ewma.Args(**TINY))
     assert not os.path.exists("runs")

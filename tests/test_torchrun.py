@@ -135,6 +135,8 @@ def test_two_workers_keep_identical_weights_and_ewma(tmp_path, name):
     events = EventAccumulator(runs[0])
     events.Reload()
     assert len(events.Scalars("charts/episodic_return")) == rank0["gathered_episodes"]
+    table = events.Tensors("hyperparameters/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "\n|num_envs|8|\n" in table  # the whole run's flags, not rank 0's share of 4 envs
     if name in ("ppo_ewma", "ppo_ewma_rnn", "ppg_ewma"):  # span 1: the logged EWMA moments are this batch's
         assert events.Scalars("charts/adv_mean")[-1].value == pytest.approx(both.mean().item(), abs=1e-6)
         assert events.Scalars("charts/adv_std")[-1].value == pytest.approx(both.std(unbiased=False).item(), rel=1e-5)
